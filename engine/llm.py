@@ -58,7 +58,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from context_layers.canonical import canonical_json, text_problem
 from context_layers.config import ActivityExtensionConfig, LLMConfig
@@ -942,6 +942,9 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
 
 # ----- summarizer and arbiter ---------------------------------------------------------------------
 
+_T = TypeVar("_T")
+
+
 class _Client:
     """``on_attempt`` (e.g. ``call_recorder``) is told of every attempt, so the calls can go on a tape."""
 
@@ -969,6 +972,25 @@ class _Client:
     @property
     def attempts(self) -> int:
         return self._caller.attempts
+
+    def _parsed(self, messages: Messages, parse: Callable[[str], _T], error: type[ModelError], *,
+                what: str) -> _T:
+        """``parse`` of the model's reply to ``messages`` (a join's arbiter, an XOR's chooser: their
+        callers retry a malformed one once). A reply the provider cut at the token limit
+        (``finish_reason: "length"``) that ``parse`` refuses raises ``error`` naming the cut and the
+        limit to raise, as an activity's cut-off reply is named (``CutOffAnswer``), not only as
+        malformed. ``what``: whose ``llm.maxTokens`` that is (``"the join's"``)."""
+        reply, _ = self._caller.run_reply(messages, lambda r: r, on_attempt=self.on_attempt)
+        try:
+            return parse(reply.content or "")
+        except error as err:
+            if reply.finish_reason != "length":
+                raise
+            limit = self.endpoint.limits.answer_tokens(self.endpoint.max_tokens)
+            at = f"at max_tokens ({limit} tokens)" if limit else "at the model's answer token limit"
+            raise error(f"the reply was cut off {at} before it was complete ({getattr(err, 'problem', err)}): "
+                        f"raise {what} llm.maxTokens (and SYSTEM's model_limits.max_output_tokens, which caps it)",
+                        text=reply.content or "") from None
 
     @classmethod
     def from_config(cls, llm_config: LLMConfig | None = None, model_override: str | None = None,
@@ -1037,8 +1059,7 @@ class LiteLLMArbiter(_Client):
     ``ArbiterAnswerError``, which the resolution chain retries once)."""
 
     def arbitrate(self, request: "ArbitrationRequest") -> "ArbitrationAnswer":
-        from gateways.arbiter import build_conflict_prompt, parse_arbiter_answer
+        from gateways.arbiter import ArbiterAnswerError, build_conflict_prompt, parse_arbiter_answer
 
         messages = [dict(m) for m in build_conflict_prompt(request)]
-        content = self._caller.run(messages, lambda text: text or "", on_attempt=self.on_attempt)
-        return parse_arbiter_answer(content)
+        return self._parsed(messages, parse_arbiter_answer, ArbiterAnswerError, what="the join's")

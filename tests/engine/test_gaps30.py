@@ -108,3 +108,50 @@ def test_a_tool_requests_recorded_tokens_count_its_tool_schemas_as_the_size_chec
     with_schemas = count_text(_token_text(sent["messages"]) + canonical_json(schemas))
     assert with_schemas > messages_only + 100
     assert call.data["request"]["tokens"] == with_schemas
+
+
+# ----------------------------------------------------------------------------- 4. cut-off arbiter / XOR replies
+
+
+
+
+def _choice(content: str, finish: str) -> Any:
+    def completion(**kw: Any) -> dict[str, Any]:
+        return {"id": "x", "choices": [{"message": {"role": "assistant", "content": content},
+                                        "finish_reason": finish}], "usage": {"total_tokens": 20}}
+    return completion
+
+
+def test_a_cut_off_reply_of_the_join_arbiter_or_an_xor_chooser_is_named_as_cut_with_the_limit_to_raise() -> None:
+    from context_layers.config import LLMConfig
+    from engine.conditions import LiteLLMBranchChooser
+    from engine.llm import LiteLLMArbiter
+    from gateways import ArbiterAnswerError, BranchAnswerError
+    from gateways.arbiter import ArbitrationRequest
+    from gateways.conditions import BranchOption, BranchQuestion
+    from gateways.policy import _ask_model
+
+    cfg = LLMConfig(max_tokens=24)
+    request = ArbitrationRequest(gateway_id="join", key="tier", base_value="basic", values={"a": "gold", "b": "silver"},
+                                 reasons={"a": "contract", "b": "usage"}, related={}, policy_text=None, layer="L4")
+    arbiter = LiteLLMArbiter("openai/fake", completion=_choice('{"final_value": "gold", "rationale": "the con', "length"),
+                             llm_config=cfg)
+    steps: list[Any] = []
+    assert _ask_model(arbiter, request, steps) == (None, None)
+    assert [s.outcome for s in steps] == ["failed", "failed"]
+    assert "cut off at max_tokens (24 tokens)" in steps[0].detail and "raise the join's llm.maxTokens" in steps[0].detail
+    question = BranchQuestion(gateway_id="route", branches=(BranchOption("grant", "the vendor is trusted"),
+                                                           BranchOption("deny", default=True)), context={})
+    chooser = LiteLLMBranchChooser("openai/fake", completion=_choice('{"branch": "gra', "length"), llm_config=cfg)
+    try:
+        chooser.choose(question)
+        raise AssertionError("a cut-off reply was taken")
+    except BranchAnswerError as err:
+        assert "cut off at max_tokens (24 tokens)" in str(err) and "raise the gateway's llm.maxTokens" in str(err)
+    # a malformed reply the provider did not cut is reported as before
+    arbiter = LiteLLMArbiter("openai/fake", completion=_choice("gold, I think", "stop"), llm_config=cfg)
+    try:
+        arbiter.arbitrate(request)
+        raise AssertionError("a malformed reply was taken")
+    except ArbiterAnswerError as err:
+        assert "cut off" not in str(err) and "not JSON" in str(err)
