@@ -1728,8 +1728,9 @@ def replay(instance_id: str, until_arg: int | None, until: int | None, context_n
         until = end
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
     layers = rebuilt.as_dict()
-    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "tape_end": end, "layers": layers,
-           "tokens": rebuilt.token_report()}
+    # the tape's end under both names, this one's and REST replay's (``tape_last_seq``)
+    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "tape_end": end, "tape_last_seq": end,
+           "layers": layers, "tokens": rebuilt.token_report()}
     if as_json:
         _Out(True).doc(doc)
         return

@@ -155,3 +155,32 @@ def test_a_cut_off_reply_of_the_join_arbiter_or_an_xor_chooser_is_named_as_cut_w
         raise AssertionError("a malformed reply was taken")
     except ArbiterAnswerError as err:
         assert "cut off" not in str(err) and "not JSON" in str(err)
+
+
+# ----------------------------------------------------------------------------- 5. replay past the tape's end
+
+
+def test_rest_and_cli_replay_past_the_tapes_end_carry_the_same_fields(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+    from engine.cli import LOAN_SCENARIOS, main
+
+    store = f"sqlite:///{tmp_path / 'replay.db'}"
+    token = "gaps30-replay-token-0123456789"
+    auth = {"Authorization": f"Bearer {token}"}
+    with TestClient(create_app(store, Path(__file__).resolve().parents[2] / "bpmn_examples", token)) as client:
+        started = client.post("/api/instances", json={"process_id": "loan_approval",
+                                                      "data": LOAN_SCENARIOS["conflict"]}, headers=auth)
+        iid = started.json()["instance_id"]
+        rest = client.get(f"/api/instances/{iid}/replay", params={"until": 99999}, headers=auth).json()
+    ran = CliRunner().invoke(main, ["replay", iid, "--until", "99999", "--store", store, "--json"])
+    assert ran.exit_code == 0, ran.output
+    cli = json.loads(ran.stdout)
+    end = rest["tape_last_seq"]
+    assert end > 1 and rest["tape_end"] == end  # REST: the CLI's name for the tape's end too
+    assert cli["tape_end"] == cli["tape_last_seq"] == end  # the CLI: REST's name too
+    assert {"until", "tape_end", "tape_last_seq"} <= set(rest) & set(cli)
