@@ -75,7 +75,8 @@ from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
 from .model_limits import MODEL_LIMITS_KEY, ModelLimits, ModelLimitsError
 
 if TYPE_CHECKING:
-    from gateways.arbiter import ArbitrationAnswer, ArbitrationRequest
+    from gateways.arbiter import ArbiterAnswerError, ArbitrationAnswer, ArbitrationRequest
+    from gateways.conditions import BranchAnswerError
 
 __all__ = [
     "ENV_API_BASE",
@@ -973,7 +974,8 @@ class _Client:
     def attempts(self) -> int:
         return self._caller.attempts
 
-    def _parsed(self, messages: Messages, parse: Callable[[str], _T], error: type[ModelError], *,
+    def _parsed(self, messages: Messages, parse: Callable[[str], _T],
+                error: "type[ArbiterAnswerError] | type[BranchAnswerError]", *,
                 what: str) -> _T:
         """``parse`` of the model's reply to ``messages`` (a join's arbiter, an XOR's chooser: their
         callers retry a malformed one once). A reply the provider cut at the token limit
@@ -988,7 +990,7 @@ class _Client:
                 raise
             limit = self.endpoint.limits.answer_tokens(self.endpoint.max_tokens)
             at = f"at max_tokens ({limit} tokens)" if limit else "at the model's answer token limit"
-            raise error(f"the reply was cut off {at} before it was complete ({getattr(err, 'problem', err)}): "
+            raise error(f"the reply was cut off {at} before it was complete ({err.problem}): "
                         f"raise {what} llm.maxTokens (and SYSTEM's model_limits.max_output_tokens, which caps it)",
                         text=reply.content or "") from None
 
