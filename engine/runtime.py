@@ -140,10 +140,13 @@ class InstanceClock:
     def __init__(self, base: Callable[[], float], floor: float = 0.0) -> None:
         self.base = base
         self.floor = floor
-        self._ahead = max(0.0, floor - base())
+        self._ahead: float | None = None  # set by the first reading: a base that ticks is read once per time
 
     def __call__(self) -> float:
-        now = self.base() + self._ahead
+        now = self.base()
+        if self._ahead is None:
+            self._ahead = max(0.0, self.floor - now)
+        now += self._ahead
         if now < self.floor:
             return self.floor
         self.floor = now

@@ -4,6 +4,7 @@ a cut-off arbiter / XOR reply is named as cut; REST and CLI replay past the tape
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -59,30 +60,32 @@ def test_an_engine_on_the_wall_clock_runs_on_an_instance_an_engine_ahead_left(tm
 
 # ----------------------------------------------------------------------------- 2. context_inspect to the model
 
-from test_llm_tools import DECISION, MODEL, PROCESS, config, stub, tool_reply  # noqa: E402,F401  (stub: a fixture)
-from engine_helpers import write_process  # noqa: E402
-
-INSPECT_ALL = ("context_inspect", {"layers": ["L3", "L4"], "metrics": [
-    "token_count", "key_count", "last_modified", "top_keys", "keys"]})
+INSPECT_ALL = {"layers": ["L3", "L4"], "metrics": ["token_count", "key_count", "last_modified", "top_keys", "keys"]}
 
 
-def test_what_context_inspect_sends_the_model_is_the_same_bytes_at_another_time(tmp_path: Path, stub: Any) -> None:
-    from stub_llm import Reply
+def test_what_context_inspect_sends_the_model_is_the_same_bytes_at_another_time(tmp_path: Path) -> None:
+    """``dispatch_tool`` is what an activity's tool loop, ``run_tool_loop`` and REST's tool endpoint
+    run; its result is what the model is sent. REST inspect keeps its times for people."""
+    from engine.governance import GovernanceService, InspectArgs
+    from engine.tools import dispatch_tool
+    from engine_helpers import script_task, write_process
 
-    bpmn = write_process(tmp_path, "tool_review", PROCESS, config(["risk_score"]))
-    sent = []
-    for base in (1_800_000_000.0, 1_900_000_000.0):  # two identical runs, a day and more apart
+    bpmn = write_process(tmp_path, "notes", [script_task("gather", "risk_score = 42"),
+                                             script_task("research", "market_notes = 'grew 3 percent'")])
+    told, times = [], []
+    for base in (1_800_000_000.0, 1_900_000_000.0):  # two identical runs, years apart
         ticks = iter(range(10**6))
-        engine = Engine("memory://", model=MODEL, clock=lambda base=base: base + next(ticks) / 1000)
-        stub.push(tool_reply(1, *INSPECT_ALL), Reply.json(DECISION))
+        engine = Engine("memory://", clock=lambda base=base: base + next(ticks) / 1000)
         done = engine.run(engine.start(load_process(bpmn), {"applicant_id": "APP-7"}, instance_id="same-id"))
-        assert done.status == "completed", done.error
-        sent.append(stub.requests[-1]["messages"][-1]["content"])
-    assert sent[0] == sent[1]
-    told = __import__("json").loads(sent[0])
-    [top] = [k for k in told["L3"]["top_keys"] if k["key"] == "risk_score"]
-    assert isinstance(top["last_modified_seq"], int) and "last_modified" not in top
-    assert told["L3"]["last_modified_seq"] >= top["last_modified_seq"]
+        service = GovernanceService(engine)
+        told.append(json.dumps(dispatch_tool(service, done.id, "context_inspect", INSPECT_ALL), sort_keys=True))
+        times.append(service.inspect(done.id, InspectArgs.model_validate(INSPECT_ALL))["L3"]["last_modified"])
+    assert told[0] == told[1]
+    l3 = json.loads(told[0])["L3"]
+    [top] = [k for k in l3["top_keys"] if k["key"] == "risk_score"]
+    assert isinstance(top["last_modified_seq"], int) and "last_modified" not in top and "last_modified" not in l3
+    assert l3["last_modified_seq"] > top["last_modified_seq"]  # research wrote after gather
+    assert times[0].startswith("2027-01-15") and times[1].startswith("2030-03-17")  # REST inspect: when
 
 
 # ----------------------------------------------------------------------------- 3. a tool request's tokens
