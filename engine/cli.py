@@ -661,7 +661,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:
             instance = engine.run(instance, answers=answers, by=by,
-                                  ask=_asker(out, yes, bool(answers_file or answer), engine.clock))
+                                  ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
         except StoreError as err:
@@ -1086,7 +1086,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                         except LayerflowError as err:
                             _fail(str(err), as_json=as_json, kind=err.kind, details=_named(instance))
                 instance = engine.resume(instance, answers=answers,
-                                         ask=_asker(out, yes, bool(answers_file or answer), engine.clock), by=by)
+                                         ask=_asker(out, yes, bool(answers_file or answer), instance.clock), by=by)
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:
@@ -1224,9 +1224,9 @@ def _fire(engine: Engine, instance_id: str, version: int) -> dict[str, Any]:
 
 
 def _still_due(engine: Engine, instance: Instance) -> bool:
-    """Whether a timer or confirmation timeout of ``instance`` is due by the engine's clock (as
-    ``Engine.due_timers`` tells it, for this one instance)."""
-    now = datetime.fromtimestamp(engine.clock(), timezone.utc)
+    """Whether a timer or confirmation timeout of ``instance`` is due by its clock (the engine's,
+    never behind the instance's latest time; as ``Engine.due_timers`` tells it, for this one instance)."""
+    now = datetime.fromtimestamp(instance.clock(), timezone.utc)
     head = record_head(engine.store, instance.id)
     return any(item.get("kind") in ("timer", "confirmation") and item.get("due") and _utc(item["due"]) <= now
                for item in head.get("engine", {}).get("waiting_for", []))
@@ -1743,8 +1743,9 @@ def replay(instance_id: str, until_arg: int | None, until: int | None, context_n
         until = end
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
     layers = rebuilt.as_dict()
-    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "tape_end": end, "layers": layers,
-           "tokens": rebuilt.token_report()}
+    # the tape's end under both names, this one's and REST replay's (``tape_last_seq``)
+    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "tape_end": end, "tape_last_seq": end,
+           "layers": layers, "tokens": rebuilt.token_report()}
     if as_json:
         _Out(True).doc(doc)
         return

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from context_layers.config import ActivityExtensionConfig
-from gateways.conditions import BranchAnswer, BranchQuestion, build_branch_prompt, parse_branch_answer
+from gateways.conditions import (BranchAnswer, BranchAnswerError, BranchQuestion, build_branch_prompt,
+                                 parse_branch_answer)
 
 # _Client is engine.llm's shared litellm client (endpoint, retries); the arbiter uses it too.
 from .llm import _Client
@@ -26,8 +27,8 @@ class LiteLLMBranchChooser(_Client):
 
     def choose(self, question: BranchQuestion) -> BranchAnswer:
         messages = [dict(m) for m in build_branch_prompt(question)]
-        content = self._caller.run(messages, lambda text: text or "", on_attempt=self.on_attempt)
-        return parse_branch_answer(content, question)
+        return self._parsed(messages, lambda text: parse_branch_answer(text, question), BranchAnswerError,
+                            what="the gateway's")
 
 
 def make_chooser(model: str | None, config: ActivityExtensionConfig | None) -> LiteLLMBranchChooser | None:

@@ -685,7 +685,7 @@ class GatewaySteps:
                                        human_available=True, injected=injected, asked=asked,
                                        base_folded=folded_before(base, self._context_of_snapshot),
                                        decided=self._model_decided(gw) if mine else None,
-                                       clock=self.engine.clock)
+                                       clock=self.instance.clock)
         except MergeConflictError as err:
             records = getattr(err, "conflicts", None) or []
             parent.record("conflict_failed", actor=gw, data={"gateway_id": gw, "message": str(err)[:2000]})
@@ -773,7 +773,7 @@ class GatewaySteps:
         the same key."""
         inst = self.instance
         known = {_request_id(c) for c in self._firing(gw, context) if not c.get("answered")}
-        now = self.engine.clock()
+        now = self.instance.clock()
         for req in pending:
             if req.id in known:
                 continue
@@ -870,7 +870,7 @@ class GatewaySteps:
             entry["by"] = by
         entry["answer"] = value
         entry["answered"] = True
-        entry["answered_at"] = self.engine.clock()  # a second answer is told when (AnsweredAlready)
+        entry["answered_at"] = self.instance.clock()  # a second answer is told when (AnsweredAlready)
         entry["timed_out"] = timed_out or bool(entry.get("timed_out"))  # an escalated one stays marked
         self.answers[confirmation_id] = {"value": value, "resolver": resolver}
         task_uuid = entry.get("task")
@@ -890,7 +890,7 @@ class GatewaySteps:
         if entry is None or entry.get("escalated"):
             return False
         deadline = _deadline(entry)
-        return deadline is not None and self.engine.clock() >= deadline
+        return deadline is not None and self.instance.clock() >= deadline
 
     def time_out(self, confirmation_id: str) -> bool:
         """Apply a confirmation's timeout rule; True when that answered it.
@@ -906,7 +906,7 @@ class GatewaySteps:
         entry = self._open(confirmation_id)
         if entry is None or entry.get("escalated"):
             return False
-        now = self.engine.clock()
+        now = self.instance.clock()
         ctx = self.instance.contexts.get(entry.get("context") or MAIN, self.instance.main)
         data = {"confirmation_id": confirmation_id, "deadline": _deadline(entry), "timeout": entry.get("timeout"),
                 "at": now}

@@ -1015,10 +1015,15 @@ class GovernanceService:
             doc.update(listed)
         return doc
 
-    def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
+    def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False,
+                for_model: bool = False) -> dict[str, Any]:
         """Per-layer statistics. ``dto``: add the seed's ContextGovernanceDTO fields
         (``layer_infos`` of all six layers, ``attention_score``, ``knowledge_scores``,
         ``merged_conflicts``, ``branch_infos``) -- for the REST API, not for a model's tokens.
+        ``for_model``: the result a model is sent (``context_inspect``), which reads no clock, so two
+        identical runs send it the same bytes (DESIGN "Rendering"): a key's last change is the tape
+        ``seq`` of the event that made it (``last_modified_seq``) instead of its wall-clock time
+        (``last_modified``, which people read in REST inspect), and a conflict has no ``time``.
         ``conflicts`` are the pending ones (not a cancelled one, which nobody will settle): with
         ``args.context`` named, those of the joins merging into that context (a conflict saved
         before conflicts named theirs is shown in every context); with none, the whole instance's."""
@@ -1029,6 +1034,9 @@ class GovernanceService:
         flt = args.filter or InspectFilter()
         after = _epoch(flt.modified_after) if flt.modified_after is not None else None
         modified = _modified_times(ctx)
+        changed_at = _modified_seqs(ctx) if for_model else modified
+        last = "last_modified_seq" if for_model else "last_modified"
+        shown: Callable[[float | None], Any] = (lambda seq: seq or None) if for_model else _iso
         preserved = set(ctx.preserved) | set(cfg.effective_preserve_keys if cfg else ())
         layers: dict[str, Any] = {}
         for name in dict.fromkeys(args.layers):
@@ -1045,12 +1053,12 @@ class GovernanceService:
             if "attention_score" in metrics:
                 info["attention_score"] = _layer_attention(ctx, layer, keys, tokens, preserved).to_dict()
             if "last_modified" in metrics:
-                info["last_modified"] = _iso(max((modified(layer, k) for k in keys), default=None))
+                info[last] = shown(max((changed_at(layer, k) for k in keys), default=None))
             if "size_bytes" in metrics:
                 info["size_bytes"] = len(canonical_json({k: thaw(view[k]) for k in keys}).encode("utf-8"))
             if "top_keys" in metrics:
                 ranked = sorted(keys, key=lambda k: (-tokens[k], k))[: args.top]
-                info["top_keys"] = [{"key": k, "tokens": tokens[k], "last_modified": _iso(modified(layer, k)),
+                info["top_keys"] = [{"key": k, "tokens": tokens[k], last: shown(changed_at(layer, k)),
                                      "preserved": k in preserved} for k in ranked]
             if "keys" in metrics or "key_count" in metrics:  # the seed lists the keys it counts
                 info["keys"] = keys
@@ -1067,7 +1075,8 @@ class GovernanceService:
                                 "thresholds": decision.thresholds,
                                 "compressions": [c for c in instance.compression_records()
                                                  if c.get("context", MAIN) == ctx.name]},
-            "conflicts": [c for c in instance.conflicts if c.get("resolution") is None and not c.get("cancelled")
+            "conflicts": [{k: v for k, v in c.items() if not (for_model and k == "time")} for c in instance.conflicts
+                          if c.get("resolution") is None and not c.get("cancelled")
                           and (args.context is None or c.get("context", ctx.name) == ctx.name)],
             "branches": [{"context": n, "branch_id": i.get("branch_id"), "gateway": i.get("gateway"),
                           "status": i.get("status")} for n, i in instance.branches.items()],
@@ -1499,7 +1508,7 @@ class GovernanceService:
         def apply(instance: Instance) -> dict[str, Any]:
             # a timeout runs from now: a run or resume after the deadline takes the default (as for a
             # join's confirmation); without ``created`` / ``deadline`` it never came
-            now = self.engine.clock()
+            now = instance.clock()
             extra = {"created": now, **({"deadline": now + args.timeout} if args.timeout is not None else {})}
             return self._add_confirmation(instance, instance.main, args, actor=actor, answer=answer, answered=answered,
                                           extra=extra)
@@ -1800,25 +1809,34 @@ def _key_matches(key: str, pattern: str | None) -> bool:
 
 
 def _modified_times(ctx: LayeredContext) -> Callable[[Layer, str], float]:
-    """When each key's current value was set in this context: the last tape event that
-    wrote it, or a later fork / restore / abort that reset its layer."""
-    times: dict[tuple[int, str], float] = {}
+    """When each key's current value was set in this context: the time of the last tape event
+    that wrote it, or of a later fork / restore / abort that reset its layer."""
+    return _modified_by(ctx, lambda e: float(e.time))
+
+
+def _modified_seqs(ctx: LayeredContext) -> Callable[[Layer, str], float]:
+    """``_modified_times`` by the events' tape ``seq``: what a model is shown, which no clock changes."""
+    return _modified_by(ctx, lambda e: e.seq)
+
+
+def _modified_by(ctx: LayeredContext, mark: Callable[[Any], float]) -> Callable[[Layer, str], float]:
+    marks: dict[tuple[int, str], float] = {}
     reset = [0.0] * len(Layer)
     for e in ctx.tape:
         if e.kind == EventKind.FORK:
-            reset = [e.time] * len(Layer)
+            reset = [mark(e)] * len(Layer)
         elif e.kind == EventKind.RESTORE:
             for i in e.data.get("layers", ()):
-                reset[int(i)] = e.time
+                reset[int(i)] = mark(e)
         elif e.kind == EventKind.ABORT and e.data.get("snapshot_id"):
             for i in range(1, len(Layer)):
-                reset[i] = e.time
+                reset[i] = mark(e)
         for layer, key, value in e.changes:
             if value is DELETED:
-                times.pop((layer, key), None)
+                marks.pop((layer, key), None)
             else:
-                times[(layer, key)] = e.time
-    return lambda layer, key: max(times.get((int(layer), key), 0.0), reset[int(layer)])
+                marks[(layer, key)] = mark(e)
+    return lambda layer, key: max(marks.get((int(layer), key), 0.0), reset[int(layer)])
 
 
 def _layer_attention(ctx: LayeredContext, layer: Layer, keys: Iterable[str], tokens: Mapping[str, int],

@@ -58,7 +58,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from context_layers.canonical import canonical_json, text_problem
 from context_layers.config import ActivityExtensionConfig, LLMConfig
@@ -68,14 +68,15 @@ from context_layers.hooks import RedactSetting, model_hooks, redact_for_model
 from context_layers.layers import Layer
 from context_layers.prefix import common_prefix_tokens, request_text
 from context_layers.render import RenderOptions, render
-from context_layers.tokens import count_text
+from context_layers.tokens import DEFAULT_ENCODING, count_text
 
 from .answer import AnswerError, answer_contract, parse_answer
 from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
 from .model_limits import MODEL_LIMITS_KEY, ModelLimits, ModelLimitsError
 
 if TYPE_CHECKING:
-    from gateways.arbiter import ArbitrationAnswer, ArbitrationRequest
+    from gateways.arbiter import ArbiterAnswerError, ArbitrationAnswer, ArbitrationRequest
+    from gateways.conditions import BranchAnswerError
 
 __all__ = [
     "ENV_API_BASE",
@@ -508,7 +509,7 @@ class _Caller:
         budget = limits.request_budget(asked)
         if budget is None:
             return
-        tokens = count_text(_token_text(convo) + (canonical_json(list(tools)) if tools else ""))
+        tokens = _request_tokens(convo, tools)
         if tokens <= budget:
             return
         what = f"the request of activity {task_id!r}" if task_id else "the model request"
@@ -636,10 +637,19 @@ def _token_text(messages: Sequence[Mapping[str, Any]]) -> str:
     return request_text(flat)
 
 
-def _request_record(ctx: LayeredContext, agent: str, messages: Messages) -> dict[str, Any]:
+def _request_tokens(messages: Messages, tools: Sequence[Mapping[str, Any]] | None = None,
+                   encoding: str | None = None) -> int:
+    """The tokens of a request: its messages and the tool schemas sent beside them. One count for
+    the size check (``model_limits``) and the ``llm_call`` note (``inspect --prompts``)."""
+    text = _token_text(messages) + (canonical_json(list(tools)) if tools else "")
+    return count_text(text, encoding or DEFAULT_ENCODING)
+
+
+def _request_record(ctx: LayeredContext, agent: str, messages: Messages,
+                    tools: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     text = canonical_json(messages)
     sha = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    tokens = count_text(_token_text(messages), ctx.encoding)
+    tokens = _request_tokens(messages, tools, ctx.encoding)
     prev = _previous_request(ctx, agent)
     if prev is None:
         record = {"sha256": sha, "tokens": tokens, "prefix_tokens": 0, "base_seq": None, "keep": 0, "tail": text}
@@ -711,13 +721,14 @@ def activity_request(ctx: LayeredContext | View, task_id: str, llm_config: LLMCo
 
 def call_recorder(ctx: LayeredContext, *, task_id: str | None, endpoint: Endpoint, attempts: int, actor: str,
                   agent: str | None = None, purpose: str | None = None,
-                  tools: Sequence[str] = ()) -> OnAttempt:
+                  tools: Sequence[str] = (), schemas: Sequence[Mapping[str, Any]] = ()) -> OnAttempt:
     """The ``on_attempt`` callback that notes every attempt on ``ctx``'s tape as ``llm_call``.
 
     ``agent`` (default: the model) groups requests for the prefix delta and
     ``prompt_report``: requests of one agent are expected to share their prefix.
     ``purpose`` says what a call outside an activity's own request was for (``summary``,
-    ``compression_plan``)."""
+    ``compression_plan``). ``schemas``: the tool schemas sent beside the messages (named in ``tools``),
+    counted in the request's ``tokens`` as the size check counts them."""
     agent = agent or endpoint.model
 
     def record(attempt: int, sent: Messages, reply: Reply | None, err: BaseException | None) -> None:
@@ -725,7 +736,7 @@ def call_recorder(ctx: LayeredContext, *, task_id: str | None, endpoint: Endpoin
         data: dict[str, Any] = {
             "task_id": task_id, "agent": agent, "model": endpoint.model, "api_base": endpoint.api_base,
             "attempt": attempt, "max_attempts": attempts, "status": status,
-            "request": _request_record(ctx, agent, sent),
+            "request": _request_record(ctx, agent, sent, schemas),
             "response": None if reply is None else reply.response_record(),
             "usage": reply.usage if reply else None, "cost": reply.cost if reply else None,
             "latency_ms": reply.latency_ms if reply else None,
@@ -861,7 +872,8 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     who = actor or task_id
     names = [str(t.get("function", {}).get("name")) for t in schemas]
     caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
-    record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who, tools=names)
+    record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who, tools=names,
+                           schemas=schemas)
     if state is None:
         # the tool schemas are sent beside the messages: the request leaves room for them
         budget = endpoint.limits.request_budget(cfg.max_tokens)
@@ -931,6 +943,9 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
 
 # ----- summarizer and arbiter ---------------------------------------------------------------------
 
+_T = TypeVar("_T")
+
+
 class _Client:
     """``on_attempt`` (e.g. ``call_recorder``) is told of every attempt, so the calls can go on a tape."""
 
@@ -958,6 +973,26 @@ class _Client:
     @property
     def attempts(self) -> int:
         return self._caller.attempts
+
+    def _parsed(self, messages: Messages, parse: Callable[[str], _T],
+                error: "type[ArbiterAnswerError] | type[BranchAnswerError]", *,
+                what: str) -> _T:
+        """``parse`` of the model's reply to ``messages`` (a join's arbiter, an XOR's chooser: their
+        callers retry a malformed one once). A reply the provider cut at the token limit
+        (``finish_reason: "length"``) that ``parse`` refuses raises ``error`` naming the cut and the
+        limit to raise, as an activity's cut-off reply is named (``CutOffAnswer``), not only as
+        malformed. ``what``: whose ``llm.maxTokens`` that is (``"the join's"``)."""
+        reply, _ = self._caller.run_reply(messages, lambda r: r, on_attempt=self.on_attempt)
+        try:
+            return parse(reply.content or "")
+        except error as err:
+            if reply.finish_reason != "length":
+                raise
+            limit = self.endpoint.limits.answer_tokens(self.endpoint.max_tokens)
+            at = f"at max_tokens ({limit} tokens)" if limit else "at the model's answer token limit"
+            raise error(f"the reply was cut off {at} before it was complete ({err.problem}): "
+                        f"raise {what} llm.maxTokens (and SYSTEM's model_limits.max_output_tokens, which caps it)",
+                        text=reply.content or "") from None
 
     @classmethod
     def from_config(cls, llm_config: LLMConfig | None = None, model_override: str | None = None,
@@ -1026,8 +1061,7 @@ class LiteLLMArbiter(_Client):
     ``ArbiterAnswerError``, which the resolution chain retries once)."""
 
     def arbitrate(self, request: "ArbitrationRequest") -> "ArbitrationAnswer":
-        from gateways.arbiter import build_conflict_prompt, parse_arbiter_answer
+        from gateways.arbiter import ArbiterAnswerError, build_conflict_prompt, parse_arbiter_answer
 
         messages = [dict(m) for m in build_conflict_prompt(request)]
-        content = self._caller.run(messages, lambda text: text or "", on_attempt=self.on_attempt)
-        return parse_arbiter_answer(content)
+        return self._parsed(messages, parse_arbiter_answer, ArbiterAnswerError, what="the join's")

@@ -125,6 +125,42 @@ class Unattended:
     actor: str = "unattended"
 
 
+class InstanceClock:
+    """An instance's clock: the engine's clock (``Engine(clock=)``: the wall clock, or ``--now``'s),
+    never behind the latest time the instance has seen (``floor``). README: the clock only runs forward.
+    An instance run on a clock ahead of the wall (``resume --now``) and loaded again on the wall clock
+    runs on from where it was, at the wall clock's pace, as ``--now`` does: a confirmation is not
+    answered before it was asked, a tape's times do not go back, a deadline set on it comes after the
+    time it was set for. The lead shrinks while the instance sits idle and is gone once the wall
+    clock has caught up. Every time source of an instance (its contexts' tape stamps, its timers,
+    confirmations, saves; the CLI, REST, workers) reads this one."""
+
+    __slots__ = ("base", "floor", "_ahead")
+
+    def __init__(self, base: Callable[[], float], floor: float = 0.0) -> None:
+        self.base = base
+        self.floor = floor
+        self._ahead: float | None = None  # set by the first reading: a base that ticks is read once per time
+
+    def __call__(self) -> float:
+        now = self.base()
+        if self._ahead is None:
+            self._ahead = max(0.0, self.floor - now)
+        now += self._ahead
+        if now < self.floor:
+            return self.floor
+        self.floor = now
+        return now
+
+
+def _floor_of(record: Mapping[str, Any], contexts: Mapping[str, LayeredContext]) -> float:
+    """The latest time a stored instance has seen: its record's ``updated`` (stamped by its clock at
+    every save), or a later time on its tapes (a record some other writer stamped)."""
+    times = [float(record.get(k) or 0.0) for k in ("created", "updated")]
+    times += [float(ctx.tape[-1].time) for ctx in contexts.values() if len(ctx.tape)]
+    return max(times)
+
+
 @dataclass
 class Instance:
     """One run of a process: the workflow, its contexts, and the engine's bookkeeping."""
@@ -166,6 +202,9 @@ class Instance:
     # set by whoever holds the instance's lease and must not run on without it (a worker): called with
     # the BPMN id of each task before it runs; raises ``engine.leases.LeaseLost`` when the lease is gone
     lease_check: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    # the instance's clock (``InstanceClock``): every time of the instance is read from it; not saved (its
+    # floor is: ``updated``, the latest time the instance has seen, stamped by it at every save)
+    clock: "InstanceClock" = field(default_factory=lambda: InstanceClock(time.time), repr=False, compare=False)
     # the engine's driver of the workflow (``_Runtime``), held here: the workflow holds it weakly
     # (``spiff.attach``) and it holds this instance weakly, so a run leaves no reference cycle
     # beyond SpiffWorkflow's own; not saved
@@ -436,10 +475,11 @@ class Engine:
                 store: "str | Store | None" = None) -> Instance:
         """``start`` once its checks are done: ``ctx`` and ``wf`` are ``_prepared_start``'s (``worker.submit``
         prepares them itself, so the checks it makes first are the ones it starts from)."""
-        ctx.clock = self.clock
-        now = self.clock()
+        clock = InstanceClock(self.clock, float(ctx.tape[-1].time) if len(ctx.tape) else 0.0)
+        ctx.clock = clock
+        now = clock()
         instance = Instance(id=instance_id or uuid.uuid4().hex[:12], process=process, workflow=wf, contexts={MAIN: ctx},
-                            created=now, updated=now)
+                            created=now, updated=now, clock=clock)
         _Runtime(self, instance)
         if store is not None:
             instance.store = open_store(store) if isinstance(store, str) else store
@@ -546,7 +586,7 @@ class Engine:
         rt = _runtime_of(instance)
         instance.completed_user_task = None
         _refuse_if_failed(instance, f"complete {task_id!r}")
-        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        now = datetime.fromtimestamp(instance.clock(), timezone.utc)
         due = [w for w in instance.waiting_for if w["kind"] == "timer" and w.get("due") and _utc(w["due"]) <= now]
         if due:
             # A timer that came due fires before the answer, as a run or resume after its due time
@@ -637,7 +677,7 @@ class Engine:
         instance = self._instance(instance)
         _runtime_of(instance)  # an instance from Engine.start / Engine.load
         _refuse_if_failed(instance, "send the event")
-        now = datetime.fromtimestamp(self.clock(), timezone.utc)
+        now = datetime.fromtimestamp(instance.clock(), timezone.utc)
         due = [w for w in instance.waiting_for if w["kind"] == "timer" and w.get("due") and _utc(w["due"]) <= now]
         if due:
             # A timer that came due fires before the event, as it does before an answer: the timer
@@ -753,7 +793,7 @@ class Engine:
         instance.main.record("cancelled", actor=actor, data={
             "reason": reason, "status": before, "waiting_for": [w.get("id") for w in instance.waiting_for],
             "confirmations": closed, "contexts": closed_contexts})
-        instance.cancelled = {"by": actor, "reason": reason, "time": self.clock(), "status": before}
+        instance.cancelled = {"by": actor, "reason": reason, "time": instance.clock(), "status": before}
         instance.status = "cancelled"
         instance.waiting_for = []
         self._save(instance)
@@ -898,7 +938,7 @@ class Engine:
         if instance.held is not None:
             instance.held.pending = True
             return
-        instance.updated = self.clock()
+        instance.updated = instance.clock()
         store_of = self._store_of(instance)
         instance.version = store_of.save(_record_for(store_of, instance), instance.version)
 
@@ -3410,18 +3450,19 @@ def _from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
     wf = spiff.deserialize(record["workflow"])
     process = Process.from_record(record["process"], wf.spec, dict(wf.subprocess_specs))
     contexts = {name: LayeredContext.from_dict(d) for name, d in record["contexts"].items()}
-    for ctx in contexts.values():  # what happens to it from here on is stamped by this engine's clock
-        ctx.clock = engine.clock
+    clock = InstanceClock(engine.clock, _floor_of(record, contexts))
+    for ctx in contexts.values():  # what happens to it from here on is stamped by its clock (this engine's)
+        ctx.clock = clock
     eng = record.get("engine", {})
     instance = Instance(
         id=record["id"], process=process, workflow=wf, contexts=contexts, status=record["status"],
         error=record.get("error"), waiting_for=list(eng.get("waiting_for", [])),
         conflicts=list(eng.get("conflicts", [])), compressions=list(eng.get("compressions", [])),
         confirmations=list(eng.get("confirmations", [])), branches=dict(eng.get("branches", {})),
-        version=int(record["version"]), created=float(record.get("created", engine.clock())),
-        updated=float(record.get("updated", engine.clock())), error_task=eng.get("error_task"),
+        version=int(record["version"]), created=float(record.get("created", clock.floor)),
+        updated=float(record.get("updated", clock.floor)), error_task=eng.get("error_task"),
         activities=int(eng.get("activities", 0)), suspended=dict(eng.get("suspended", {})),
-        cancelled=eng.get("cancelled"),
+        cancelled=eng.get("cancelled"), clock=clock,
     )
     _Runtime(engine, instance)
     return instance

@@ -178,7 +178,7 @@ class ScopeSteps:
 
     def now(self) -> datetime:
         """The engine's clock, as SpiffWorkflow's timers read it (a cycle timer's repetitions)."""
-        return datetime.fromtimestamp(self.engine.clock(), timezone.utc)
+        return datetime.fromtimestamp(self.instance.clock(), timezone.utc)
 
     def timer(self, task: Any) -> None:
         """A timer event is (re)checked: its due time is fixed by the engine's clock when it starts

@@ -68,8 +68,8 @@ TOOL_MODELS: dict[str, type[BaseModel]] = {
 DESCRIPTIONS = {
     "context_inspect": "Inspect the layered context of the current process instance: per layer (L0 SYSTEM .. "
                        "L5 EPHEMERAL) the token count, key count, attention scores (density, redundancy, decay, "
-                       "conflict, toolEfficiency; each 0..1), last modified time, size in bytes and the largest "
-                       "keys; plus which compression triggers would fire.",
+                       "conflict, toolEfficiency; each 0..1), the tape seq of the last change (last_modified_seq), "
+                       "size in bytes and the largest keys; plus which compression triggers would fire.",
     "context_compress": "Compress L3 HISTORY (action=compress: a snapshot is taken first; preserve_keys are never "
                         "dropped or altered), evaluate a compression against the snapshot taken before it "
                         "(action=evaluate: tokens and attention before and right after it, whether preserved keys are intact), "
@@ -147,7 +147,7 @@ def dispatch_tool(service: GovernanceService, instance_id: str, name: str, argum
 def _run(service: GovernanceService, instance_id: str, name: str, args: Any, *, actor: str,
          ask: Ask | None) -> dict[str, Any]:
     if isinstance(args, InspectArgs):
-        return service.inspect(instance_id, args)
+        return service.inspect(instance_id, args, for_model=True)  # read by a model: no wall-clock times
     if isinstance(args, CompressArgs):
         return service.compress(instance_id, args, actor=actor)
     if isinstance(args, BranchArgs):
@@ -221,8 +221,9 @@ class LiveGovernance(GovernanceService):
             return self.ctx
         return GovernanceService.context_of(instance, name)
 
-    def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False) -> dict[str, Any]:
-        return super().inspect(instance_id, _for_activity(args, self.activity_id), dto=dto)
+    def inspect(self, instance_id: str, args: InspectArgs, *, dto: bool = False,
+                for_model: bool = False) -> dict[str, Any]:
+        return super().inspect(instance_id, _for_activity(args, self.activity_id), dto=dto, for_model=for_model)
 
     def compress(self, instance_id: str, args: CompressArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
@@ -242,7 +243,7 @@ class LiveGovernance(GovernanceService):
     def request_confirmation(self, instance_id: str, args: HumanConfirmArgs, *, actor: str = "model",
                              answer: Any = None, answered: bool = False) -> dict[str, Any]:
         def apply(instance: Instance) -> dict[str, Any]:
-            now = self.engine.clock()
+            now = instance.clock()
             extra: dict[str, Any] = {"task": self.task, "context": self.ctx.name, "created": now}
             if args.timeout is not None:
                 extra["deadline"] = now + args.timeout

@@ -97,6 +97,7 @@ class ArbiterAnswerError(ModelError):
 
     def __init__(self, message: str, *, text: str) -> None:
         self.text = text
+        self.problem = message  # what is wrong, without the reply and the expected shape
         excerpt = text if len(text) <= 200 else text[:200] + "..."
         super().__init__(f"{message}; the reply was {excerpt!r}. Expected strict JSON "
                          '{"final_value": ..., "rationale": "...", "escalate": false}')

@@ -440,8 +440,6 @@ def test_where_the_escalation_path_merged_back_is_found_as_a_join(cli: Any) -> N
     assert [e["seq"] for e in merges] == [joins[0]["seq"]]
 
 
-@pytest.mark.xfail(strict=True, reason="open: the engine's clock is the wall clock of each command; an instance run "
-                   "with --now runs backward on the next resume without it (reported, not fixed in round 36)")
 def test_a_resume_after_a_resume_now_does_not_run_the_instance_clock_backward(cli: Any) -> None:
     doc = run_json(cli, "run", str(CLAIM), "--config", str(CONFIRM), "--data", json.dumps(STORM), code=3)
     iid = doc["instance_id"]
