@@ -1020,10 +1020,9 @@ class GovernanceService:
         """Per-layer statistics. ``dto``: add the seed's ContextGovernanceDTO fields
         (``layer_infos`` of all six layers, ``attention_score``, ``knowledge_scores``,
         ``merged_conflicts``, ``branch_infos``) -- for the REST API, not for a model's tokens.
-        ``for_model``: the result a model is sent (``context_inspect``), which reads no clock, so two
-        identical runs send it the same bytes (DESIGN "Rendering"): a key's last change is the tape
-        ``seq`` of the event that made it (``last_modified_seq``) instead of its wall-clock time
-        (``last_modified``, which people read in REST inspect), and a conflict has no ``time``.
+        ``for_model``: the result a model is sent (``context_inspect``): beside the seed's
+        ``last_modified`` time, a key's last change as the tape ``seq`` of the event that made it
+        (``last_modified_seq``), which orders changes the same way in every run.
         ``conflicts`` are the pending ones (not a cancelled one, which nobody will settle): with
         ``args.context`` named, those of the joins merging into that context (a conflict saved
         before conflicts named theirs is shown in every context); with none, the whole instance's."""
@@ -1034,9 +1033,7 @@ class GovernanceService:
         flt = args.filter or InspectFilter()
         after = _epoch(flt.modified_after) if flt.modified_after is not None else None
         modified = _modified_times(ctx)
-        changed_at = _modified_seqs(ctx) if for_model else modified
-        last = "last_modified_seq" if for_model else "last_modified"
-        shown: Callable[[float | None], Any] = (lambda seq: seq or None) if for_model else _iso
+        seqs = _modified_seqs(ctx) if for_model else None
         preserved = set(ctx.preserved) | set(cfg.effective_preserve_keys if cfg else ())
         layers: dict[str, Any] = {}
         for name in dict.fromkeys(args.layers):
@@ -1053,12 +1050,15 @@ class GovernanceService:
             if "attention_score" in metrics:
                 info["attention_score"] = _layer_attention(ctx, layer, keys, tokens, preserved).to_dict()
             if "last_modified" in metrics:
-                info[last] = shown(max((changed_at(layer, k) for k in keys), default=None))
+                info["last_modified"] = _iso(max((modified(layer, k) for k in keys), default=None))
+                if seqs is not None:
+                    info["last_modified_seq"] = int(max((seqs(layer, k) for k in keys), default=0)) or None
             if "size_bytes" in metrics:
                 info["size_bytes"] = len(canonical_json({k: thaw(view[k]) for k in keys}).encode("utf-8"))
             if "top_keys" in metrics:
                 ranked = sorted(keys, key=lambda k: (-tokens[k], k))[: args.top]
-                info["top_keys"] = [{"key": k, "tokens": tokens[k], last: shown(changed_at(layer, k)),
+                info["top_keys"] = [{"key": k, "tokens": tokens[k], "last_modified": _iso(modified(layer, k)),
+                                     **({"last_modified_seq": int(seqs(layer, k)) or None} if seqs else {}),
                                      "preserved": k in preserved} for k in ranked]
             if "keys" in metrics or "key_count" in metrics:  # the seed lists the keys it counts
                 info["keys"] = keys
@@ -1075,7 +1075,7 @@ class GovernanceService:
                                 "thresholds": decision.thresholds,
                                 "compressions": [c for c in instance.compression_records()
                                                  if c.get("context", MAIN) == ctx.name]},
-            "conflicts": [{k: v for k, v in c.items() if not (for_model and k == "time")} for c in instance.conflicts
+            "conflicts": [c for c in instance.conflicts
                           if c.get("resolution") is None and not c.get("cancelled")
                           and (args.context is None or c.get("context", ctx.name) == ctx.name)],
             "branches": [{"context": n, "branch_id": i.get("branch_id"), "gateway": i.get("gateway"),

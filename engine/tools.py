@@ -68,8 +68,8 @@ TOOL_MODELS: dict[str, type[BaseModel]] = {
 DESCRIPTIONS = {
     "context_inspect": "Inspect the layered context of the current process instance: per layer (L0 SYSTEM .. "
                        "L5 EPHEMERAL) the token count, key count, attention scores (density, redundancy, decay, "
-                       "conflict, toolEfficiency; each 0..1), the tape seq of the last change (last_modified_seq), "
-                       "size in bytes and the largest keys; plus which compression triggers would fire.",
+                       "conflict, toolEfficiency; each 0..1), last modified time and the tape seq of that change "
+                       "(last_modified_seq), size in bytes and the largest keys; plus which compression triggers would fire.",
     "context_compress": "Compress L3 HISTORY (action=compress: a snapshot is taken first; preserve_keys are never "
                         "dropped or altered), evaluate a compression against the snapshot taken before it "
                         "(action=evaluate: tokens and attention before and right after it, whether preserved keys are intact), "
@@ -147,7 +147,7 @@ def dispatch_tool(service: GovernanceService, instance_id: str, name: str, argum
 def _run(service: GovernanceService, instance_id: str, name: str, args: Any, *, actor: str,
          ask: Ask | None) -> dict[str, Any]:
     if isinstance(args, InspectArgs):
-        return service.inspect(instance_id, args, for_model=True)  # read by a model: no wall-clock times
+        return service.inspect(instance_id, args, for_model=True)  # read by a model: the tape seq of changes too
     if isinstance(args, CompressArgs):
         return service.compress(instance_id, args, actor=actor)
     if isinstance(args, BranchArgs):

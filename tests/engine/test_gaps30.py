@@ -63,9 +63,10 @@ def test_an_engine_on_the_wall_clock_runs_on_an_instance_an_engine_ahead_left(tm
 INSPECT_ALL = {"layers": ["L3", "L4"], "metrics": ["token_count", "key_count", "last_modified", "top_keys", "keys"]}
 
 
-def test_what_context_inspect_sends_the_model_is_the_same_bytes_at_another_time(tmp_path: Path) -> None:
+def test_context_inspect_tells_the_model_the_seq_of_each_change_beside_the_seeds_time(tmp_path: Path) -> None:
     """``dispatch_tool`` is what an activity's tool loop, ``run_tool_loop`` and REST's tool endpoint
-    run; its result is what the model is sent. REST inspect keeps its times for people."""
+    run; its result is what the model is sent. It keeps the seed's ``last_modified`` time and adds the
+    tape seq of the change, which is the same in two identical runs years apart."""
     from engine.governance import GovernanceService, InspectArgs
     from engine.tools import dispatch_tool
     from engine_helpers import script_task, write_process
@@ -78,14 +79,16 @@ def test_what_context_inspect_sends_the_model_is_the_same_bytes_at_another_time(
         engine = Engine("memory://", clock=lambda base=base: base + next(ticks) / 1000)
         done = engine.run(engine.start(load_process(bpmn), {"applicant_id": "APP-7"}, instance_id="same-id"))
         service = GovernanceService(engine)
-        told.append(json.dumps(dispatch_tool(service, done.id, "context_inspect", INSPECT_ALL), sort_keys=True))
+        told.append(dispatch_tool(service, done.id, "context_inspect", INSPECT_ALL))
         times.append(service.inspect(done.id, InspectArgs.model_validate(INSPECT_ALL))["L3"]["last_modified"])
-    assert told[0] == told[1]
-    l3 = json.loads(told[0])["L3"]
+    seqs = [(r["L3"]["last_modified_seq"], [(k["key"], k["last_modified_seq"]) for k in r["L3"]["top_keys"]])
+            for r in told]
+    assert seqs[0] == seqs[1]
+    l3 = told[0]["L3"]
     [top] = [k for k in l3["top_keys"] if k["key"] == "risk_score"]
-    assert isinstance(top["last_modified_seq"], int) and "last_modified" not in top and "last_modified" not in l3
-    assert l3["last_modified_seq"] > top["last_modified_seq"]  # research wrote after gather
-    assert times[0].startswith("2027-01-15") and times[1].startswith("2030-03-17")  # REST inspect: when
+    assert isinstance(top["last_modified_seq"], int) and l3["last_modified_seq"] > top["last_modified_seq"]
+    assert l3["last_modified"] == times[0] and top["last_modified"] <= l3["last_modified"]  # the seed's time too
+    assert times[0].startswith("2027-01-15") and times[1].startswith("2030-03-17")
 
 
 # ----------------------------------------------------------------------------- 3. a tool request's tokens

@@ -78,9 +78,9 @@ def test_inspect_result_has_the_seeds_shape(service, notes):
         "filter": {"key_prefix": "risk_*", "modified_after": "2026-07-08T10:00:00Z"}})
     for layer in ("L3", "L4"):
         assert report[layer] == report["layers"][layer]
-        # the "last_modified" metric: a model is shown the tape seq of the change, not a wall-clock time
-        assert {"token_count", "key_count", "attention_score", "last_modified_seq", "size_bytes"} <= set(report[layer])
-        assert "last_modified" not in report[layer]
+        # the "last_modified" metric: the seed's time, and for a model the tape seq of the change too
+        assert {"token_count", "key_count", "attention_score", "last_modified", "last_modified_seq",
+                "size_bytes"} <= set(report[layer])
         assert {"density", "redundancy"} <= set(report[layer]["attention_score"])
     assert report["L3"]["key_count"] >= 1 and "L0" not in report
 
