@@ -1,5 +1,5 @@
 """Round 30 gaps: the instance clock never runs backward; what the model is sent by
-``context_inspect`` is deterministic; a tool request's recorded tokens count its tool schemas;
+``context_inspect`` tells the seq of each change; a tool request's recorded tokens count its tool schemas;
 a cut-off arbiter / XOR reply is named as cut; REST and CLI replay past the tape's end agree."""
 
 from __future__ import annotations
@@ -167,8 +167,6 @@ def test_a_cut_off_reply_of_the_join_arbiter_or_an_xor_chooser_is_named_as_cut_w
 
 
 def test_rest_and_cli_replay_past_the_tapes_end_carry_the_same_fields(tmp_path: Path) -> None:
-    import json
-
     from click.testing import CliRunner
     from fastapi.testclient import TestClient
 
