@@ -148,13 +148,19 @@ class Diagram:
 @dataclass(frozen=True)
 class ConflictMark:
     """A conflict at a join: the key, the value at the split, each branch's value; ``resolution``
-    (``{"value", "resolver", "reason"}``) once it is settled."""
+    (``{"value", "resolver", "reason"}``) once it is settled; ``cancelled`` when its question closed
+    with its join's scope, so nobody will settle it."""
 
     gateway_id: str
     key: str
     base_value: Any
     values: Mapping[str, Any]
     resolution: Mapping[str, Any] | None = None
+    cancelled: bool = False
+
+    @property
+    def open(self) -> bool:
+        return self.resolution is None and not self.cancelled
 
 
 @dataclass(frozen=True)
@@ -175,7 +181,7 @@ class Marks:
         return "idle"
 
     def open_conflict_at(self, node_id: str) -> bool:
-        return any(c.gateway_id == node_id and c.resolution is None for c in self.conflicts)
+        return any(c.gateway_id == node_id and c.open for c in self.conflicts)
 
 
 # ============================================================================ parsing
@@ -494,7 +500,7 @@ def marks_of(instance: Any) -> Marks:
 
     conflicts = tuple(
         ConflictMark(str(c.get("gateway_id")), str(c.get("key")), c.get("base_value"),
-                     dict(c.get("values") or {}), c.get("resolution"))
+                     dict(c.get("values") or {}), c.get("resolution"), bool(c.get("cancelled")))
         for c in getattr(instance, "conflicts", ()) or ())
     return Marks(frozenset(done - current), frozenset(current), frozenset(failed), frozenset(waiting), conflicts)
 
@@ -618,7 +624,8 @@ def _description(diagram: Diagram, marks: Marks) -> str:
             parts.append(f"{label}: {', '.join(shown)}")
     for c in marks.conflicts:
         values = "; ".join(f"{b} = {_short(v, 60)}" for b, v in c.values.items())
-        state = "open" if c.resolution is None else f"resolved to {_short(c.resolution.get('value'), 60)}"
+        state = ("cancelled" if c.cancelled else "open") if c.resolution is None \
+            else f"resolved to {_short(c.resolution.get('value'), 60)}"
         parts.append(f"conflict on {c.key} at {c.gateway_id} ({state}): {values}")
     return ". ".join(parts) + "."
 
@@ -696,7 +703,8 @@ def _callouts(diagram: Diagram, marks: Marks) -> list[_CallOut]:
         node = diagram.nodes.get(mark.gateway_id)
         if node is None:
             continue
-        head = f"Conflict on {mark.key}" if mark.resolution is None else f"Resolved: {mark.key}"
+        head = (f"Resolved: {mark.key}" if mark.resolution is not None
+                else f"Cancelled: {mark.key}" if mark.cancelled else f"Conflict on {mark.key}")
         lines = [head] + [f"{branch}: {_short(value)}" for branch, value in mark.values.items()]
         if mark.resolution is not None:
             lines.append(f"\u2192 {_short(mark.resolution.get('value'))} ({mark.resolution.get('resolver', '?')})")
@@ -718,9 +726,10 @@ def _callouts(diagram: Diagram, marks: Marks) -> list[_CallOut]:
 
 def _callout(parent: ET.Element, node: Node, x: float, y: float, w: float, h: float, mark: ConflictMark,
              lines: list[str]) -> None:
-    resolved = mark.resolution is not None
+    resolved = not mark.open
     stroke = "#5b6270" if resolved else "#b3261e"
-    g = _sub(parent, "g", class_="callout " + ("resolved" if resolved else "open"), data_gateway=mark.gateway_id,
+    state = "open" if mark.open else "cancelled" if mark.resolution is None else "resolved"
+    g = _sub(parent, "g", class_="callout " + state, data_gateway=mark.gateway_id,
              data_key=mark.key)
     _sub(g, "title").text = " \u2014 ".join(lines)
     _sub(g, "line", x1=_fmt(node.cx + node.w / 4), y1=_fmt(node.cy + node.h / 4), x2=_fmt(x + 18), y2=_fmt(y),

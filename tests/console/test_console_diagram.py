@@ -173,6 +173,22 @@ def test_a_resolved_conflict_shows_the_value_that_won():
     assert '"pending_dual_approval" (human)' in "".join(root.itertext())
 
 
+def test_a_cancelled_conflict_is_drawn_as_cancelled_not_open():
+    """A conflict whose question closed with its join's scope (a boundary event, a cancelled line) is
+    settled by nobody: the join is not marked as having a conflict to resolve, and its callout and the
+    description say cancelled."""
+    d = parse_bpmn(EXAMPLES / "loan_approval.bpmn")
+    mark = ConflictMark("review_join", "approval_status", "pending", {"finance_review": "approved"},
+                        cancelled=True)
+    root = svg_tree(render_svg(d, Marks(done=frozenset({"review_join"}), conflicts=(mark,))))
+    assert "conflict" not in node_classes(root, "review_join")
+    callout = next(g for g in root.iter(f"{SVG}g") if "callout" in (g.get("class") or "").split())
+    assert "cancelled" in callout.get("class").split() and "open" not in callout.get("class").split()
+    assert "Cancelled: approval_status" in " ".join(callout.itertext())
+    desc = root.find(f"{SVG}desc")
+    assert desc is not None and "conflict on approval_status at review_join (cancelled)" in (desc.text or "")
+
+
 # ----------------------------------------------------------------------------- marks of a real instance
 
 @pytest.fixture
@@ -181,6 +197,13 @@ def loan_instance():
     instance = engine.run(engine.start(load_process(EXAMPLES / "loan_approval.bpmn"), LOAN_SCENARIOS["conflict"]))
     assert instance.status == "waiting"
     return engine, instance
+
+
+def test_marks_of_an_instance_carry_a_conflicts_cancelled_flag(loan_instance):
+    _, instance = loan_instance
+    instance.conflicts[0]["cancelled"] = True  # as scope_steps.close_cancelled leaves it
+    [conflict] = marks_of(instance).conflicts
+    assert conflict.cancelled and not marks_of(instance).open_conflict_at("review_join")
 
 
 def test_marks_of_an_instance_waiting_at_the_join(loan_instance):
