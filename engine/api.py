@@ -60,8 +60,8 @@ from .governance import (
 from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "create_app",
-           "route_responses", "status_for"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV",
+           "Unauthorized", "answer_responses", "create_app", "route_responses", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
 #: A request body larger than this is refused (413) before it is read on: an inject of megabytes
@@ -478,7 +478,7 @@ class ReplayDocument(_Open):
     layers: dict[str, ReplayLayer] = Field(description="layer (`L0`..`L5`) -> its keys")
 
 
-def _answer_responses(route: str, model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
+def answer_responses(route: str, model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
     """``route_responses`` plus its success, ``model``."""
     return {200: {"model": model, "description": description}, **route_responses(route)}
 
@@ -759,7 +759,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     # ----- governance ---------------------------------------------------------------
 
     @app.post("/api/context-governance/inspect", tags=["context-governance"], response_model=None,
-              responses=_answer_responses("inspect", InspectResult, "the context, layer by layer"))
+              responses=answer_responses("inspect", InspectResult, "the context, layer by layer"))
     def inspect(body: InspectRequest, instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
@@ -767,7 +767,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                          dto=True)
 
     @app.post("/api/context-governance/compress", tags=["context-governance"], response_model=None,
-              responses=_answer_responses("compress", CompressResult, "the compression, its evaluation or its undoing"))
+              responses=answer_responses("compress", CompressResult, "the compression, its evaluation or its undoing"))
     def compress(body: CompressRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
@@ -775,7 +775,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                           expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/inject", tags=["context-governance"], response_model=None,
-              responses=_answer_responses("inject", InjectResult, "what was written, and where"))
+              responses=answer_responses("inject", InjectResult, "what was written, and where"))
     def inject(body: InjectRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
@@ -801,7 +801,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                           expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/config", tags=["context-governance"], response_model=None,
-              responses=_answer_responses("config", ConfigResult, "the config now and before"))
+              responses=answer_responses("config", ConfigResult, "the config now and before"))
     def config(body: ConfigRequest, instance_id: QueryId = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
@@ -809,7 +809,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                         expected_version=body.expected_version, actor=body.user or "api")
 
     @app.post("/api/context-governance/snapshot", tags=["context-governance"], response_model=None,
-              responses=_answer_responses("snapshot", SnapshotResult, "the snapshot taken"))
+              responses=answer_responses("snapshot", SnapshotResult, "the snapshot taken"))
     def snapshot(body: SnapshotRequest, instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
@@ -818,7 +818,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"],
               response_model=None,
-              responses=_answer_responses("branch_evaluate", BranchEvaluateResult, "the keys present and missing"))
+              responses=answer_responses("branch_evaluate", BranchEvaluateResult, "the keys present and missing"))
     def branch_evaluate(body: BranchEvaluateRequest, instance_id: QueryId = None,
                         s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Whether a branch's context holds the required keys (and in which layer)."""
@@ -942,7 +942,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                         expected_version=body.expected_version, actor=body.user or "api")
 
     @app.get("/api/instances/{instance_id}/tape", tags=["instances"], response_model=None,
-             responses=_answer_responses("tape", TapeDocument, "the selected events"))
+             responses=answer_responses("tape", TapeDocument, "the selected events"))
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,
              branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
              limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:

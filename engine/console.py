@@ -38,7 +38,7 @@ from context_layers import DELETED, Layer, LayeredContext, thaw
 from context_layers.errors import ContextKeyError, ProcessError
 from context_layers.tape import EventKind
 
-from .api import ReplayDocument, _answer_responses, route_responses
+from .api import ReplayDocument, answer_responses, route_responses
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
 from .governance import GovernanceService, event_document, moved_keys
 from .runtime import Instance, Status
@@ -120,7 +120,7 @@ def mount_console(app: FastAPI) -> None:
         return _svg_response(render_svg(diagram, title=f"Process {diagram.name or process_id}"))
 
     @app.get("/api/instances/{instance_id}/replay", response_model=None, tags=tags, dependencies=auth,
-             responses=_answer_responses("replay", ReplayDocument, "the context rebuilt from its tape"))
+             responses=answer_responses("replay", ReplayDocument, "the context rebuilt from its tape"))
     def replay(instance_id: PathId,
                context: Annotated[str | None, Query(max_length=300, description="a context name or branch id "
                                                     "(default: main)")] = None,
@@ -258,7 +258,6 @@ def _writers(instance: Instance, ctx: LayeredContext, until: int | None, depth: 
                     "activity": e.activity, "actor": e.actor, "seq": e.seq, "kind": e.kind,
                     "context": ctx.name, "branch": e.branch}
     return out
-
 
 
 def replay_document(instance: Instance, ctx: LayeredContext, until: int | None) -> dict[str, Any]:

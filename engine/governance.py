@@ -1552,6 +1552,7 @@ class GovernanceService:
 
 
 # ============================================================================ helpers
+
 def moved_keys(e: Event) -> list[str]:
     """The keys a ``complete`` event moved from WORKING into HISTORY."""
     if e.kind != EventKind.COMPLETE:

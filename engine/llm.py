@@ -198,9 +198,13 @@ class CutOffAnswer(AnswerError):
 
     def __init__(self, err: AnswerError, limit: int | None) -> None:
         self.limit = limit
-        where = f"at max_tokens ({limit} tokens)" if limit else "at the model's answer token limit"
-        super().__init__([f"the reply was cut off {where} before it was complete ({'; '.join(err.problems)})"],
-                         text=err.text)
+        super().__init__([_cut_off(limit, "; ".join(err.problems))], text=err.text)
+
+
+def _cut_off(limit: int | None, problem: str) -> str:
+    """What a reply cut at the answer's token limit is told as: where it was cut, and what was wrong."""
+    where = f"at max_tokens ({limit} tokens)" if limit else "at the model's answer token limit"
+    return f"the reply was cut off {where} before it was complete ({problem})"
 
 
 class ModelCallFailed(ModelError):
@@ -989,9 +993,7 @@ class _Client:
             if reply.finish_reason != "length":
                 raise
             limit = self.endpoint.limits.answer_tokens(self.endpoint.max_tokens)
-            at = f"at max_tokens ({limit} tokens)" if limit else "at the model's answer token limit"
-            raise error(f"the reply was cut off {at} before it was complete ({err.problem}): "
-                        f"raise {what} llm.maxTokens (and SYSTEM's model_limits.max_output_tokens, which caps it)",
+            raise error(f"{_cut_off(limit, err.problem)}: raise {what} llm.maxTokens (and SYSTEM's model_limits.max_output_tokens, which caps it)",
                         text=reply.content or "") from None
 
     @classmethod
