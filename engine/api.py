@@ -471,8 +471,11 @@ class ReplayDocument(_Open):
     version: int
     context: str = Field(examples=["main"])
     branch_id: str | None
-    until: int = Field(description="the tape position rebuilt to")
+    until: int = Field(description="the tape position rebuilt to: the one asked for, at most the tape's end")
+    until_requested: int | None = Field(default=None, description="the `until` asked for (none: the whole tape); "
+                                        "past the tape's end it is more than `until`")
     tape_last_seq: int
+    tape_end: int | None = Field(default=None, description="`tape_last_seq` under `layerflow replay --json`'s name")
     event: TapeEvent | None = Field(description="the event at `until` (none on an empty tape)")
     tokens: Tokens
     layers: dict[str, ReplayLayer] = Field(description="layer (`L0`..`L5`) -> its keys")

@@ -1739,18 +1739,20 @@ def replay(instance_id: str, until_arg: int | None, until: int | None, context_n
     # a context name or a branch id, as inspect and snapshot take it
     ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)
     end = ctx.tape[-1].seq if len(ctx.tape) else 0
-    if until is None:  # the whole tape, as the REST API's replay without `until`
-        until = end
+    asked = until
+    # the whole tape without `--until`; past its end, its last state: `until` is where the state
+    # stands, as REST replay gives it, and `until_requested` what was asked
+    until = end if asked is None else min(asked, end)
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
     layers = rebuilt.as_dict()
     # the tape's end under both names, this one's and REST replay's (``tape_last_seq``)
-    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "tape_end": end, "tape_last_seq": end,
-           "layers": layers, "tokens": rebuilt.token_report()}
+    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "until_requested": asked,
+           "tape_end": end, "tape_last_seq": end, "layers": layers, "tokens": rebuilt.token_report()}
     if as_json:
         _Out(True).doc(doc)
         return
-    past = f" (the tape ends at #{end}: this is its last state)" if until > end else ""
-    click.echo(f"context {ctx.name} of {instance.id} at #{min(until, end)}{past}")
+    past = f" (the tape ends at #{end}: this is its last state)" if asked is not None and asked > end else ""
+    click.echo(f"context {ctx.name} of {instance.id} at #{until}{past}")
     for layer, values in layers.items():
         for k, v in values.items():
             click.echo(f"{layer}\t{k}\t{_short(v)}")
