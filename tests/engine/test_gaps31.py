@@ -221,7 +221,7 @@ def _waiting_loan(service: Any) -> str:
 def test_a_runtime_config_that_changes_type_is_refused_naming_the_element_and_field(
         service: Any, element: str, value: str, mode: str) -> None:
     """``type`` says what the BPMN draws; the BPMN decides how an element runs, so a runtime change
-    of it would do nothing: refused (ConfigError, REST 400), nothing applied, nothing on the tape."""
+    of it would do nothing: refused (ConfigError, REST 422 as any invalid config), nothing applied, nothing on the tape."""
     from engine.governance import ConfigArgs
     from context_layers.errors import ConfigError
 
@@ -234,24 +234,45 @@ def test_a_runtime_config_that_changes_type_is_refused_naming_the_element_and_fi
     assert repr(element) in text and "type" in text and repr(value) in text and "BPMN" in text
     assert [(p["id"], p["field"]) for p in err.value.problems] == [(element, "type")]
     after = service.load(iid)
-    assert after.version == before.version and after.main.tape_length() == before.main.tape_length()
+    assert after.version == before.version and len(after.main.tape) == len(before.main.tape)
 
 
-def test_a_runtime_config_that_repeats_the_elements_type_is_taken(service: Any) -> None:
-    """A config sent back as it was read (its ``type`` the element's own) changes nothing of it."""
+def test_a_runtime_config_that_repeats_the_elements_type_is_taken(tmp_path: Path) -> None:
+    """A config sent back as it was read (its ``type`` the element's own) is taken; ``replace``
+    keeps the element's ``type`` as it keeps its handler."""
+    import shutil
+
+    from engine.governance import ConfigArgs, GovernanceService
+
+    catalog = tmp_path / "catalog"
+    shutil.copytree(EXAMPLES, catalog)
+    config = catalog / "loan_approval.layerflow.yaml"
+    config.write_text(config.read_text(encoding="utf-8").replace("review_join:\n", "review_join:\n  type: AND_JOIN\n"),
+                      encoding="utf-8")
+    service = GovernanceService(Engine("memory://"), catalog)
+    iid = _waiting_loan(service)
+    assert service.load(iid).process.config("review_join").type == "AND_JOIN"
+    done = service.config(iid, ConfigArgs(activity_id="review_join", config={
+        "type": "AND_JOIN", "gatewayId": "review_join", "humanConfirm": {"timeout": 600}}))
+    assert done["config"]["humanConfirm"]["timeout"] == 600 and done["config"]["type"] == "AND_JOIN"
+    replaced = service.config(iid, ConfigArgs(activity_id="review_join", mode="replace",
+                                              config={"mergeStrategy": "LAST_WRITER_WINS"}))
+    assert replaced["config"]["type"] == "AND_JOIN" and replaced["config"]["mergeStrategy"] == "LAST_WRITER_WINS"
+
+
+def test_a_runtime_config_for_another_element_is_refused(service: Any) -> None:
+    from context_layers.errors import ConfigError
     from engine.governance import ConfigArgs
 
     iid = _waiting_loan(service)
-    current = service.load(iid).process.config("review_join")
-    same = current.type if current is not None else None
-    body: dict[str, Any] = {"humanConfirm": {"timeout": 600, "default": "pending_dual_approval"}}
-    if same is not None:
-        body["type"] = same
-    done = service.config(iid, ConfigArgs(activity_id="review_join", config=body))
-    assert done["config"]["humanConfirm"]["timeout"] == 600
+    with pytest.raises(ConfigError) as err:
+        service.config(iid, ConfigArgs(activity_id="review_join", config={"gatewayId": "parallel_review",
+                                                                          "humanConfirm": {"timeout": 600}}))
+    assert [(p["id"], p["field"]) for p in err.value.problems] == [("review_join", "gatewayId")]
+    assert "'parallel_review'" in str(err.value)
 
 
-def test_rest_config_refuses_a_type_change_with_400(tmp_path: Path) -> None:
+def test_rest_config_refuses_a_type_change_as_an_invalid_config(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
     from engine.api import create_app
@@ -262,6 +283,7 @@ def test_rest_config_refuses_a_type_change_with_400(tmp_path: Path) -> None:
                           headers=AUTH).json()["instance_id"]
         reply = client.post("/api/context-governance/config", headers=AUTH, json={
             "instance_id": iid, "activity_id": "risk_assessment", "config": {"type": "scriptTask"}})
-    assert reply.status_code == 400, reply.text
+    assert reply.status_code == 422, reply.text  # as every invalid config (``invalid_config``)
+    assert reply.json()["error"]["kind"] == "invalid_config"
     text = json.dumps(reply.json())
     assert "risk_assessment" in text and "type" in text and "scriptTask" in text
