@@ -459,7 +459,8 @@ class Engine:
         self.clock = clock
         self.progress = progress
         self._retrievers: dict[str, Retriever] = {}
-        self._timers_seen: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # due_timers: id -> (version, timers)
+        # due_timers: id -> (version, floor, timers)
+        self._timers_seen: dict[str, tuple[int, float, list[dict[str, Any]]]] = {}
 
     # ----- lifecycle ---------------------------------------------------------------
 
@@ -848,8 +849,10 @@ class Engine:
         return instance
 
     def due_timers(self) -> list[dict[str, Any]]:
-        """The timers of waiting instances in the store that are due by the engine's clock,
-        earliest first: their ``waiting_for`` items with ``instance_id`` and ``version``; a
+        """The timers of waiting instances in the store that are due by the clock of each
+        instance, the one a resume fires them by: the engine's clock, never behind the latest
+        time the instance has seen (``InstanceClock``; an engine ahead saved it); earliest first:
+        their ``waiting_for`` items with ``instance_id`` and ``version``; a
         confirmation whose timeout has run out is one too (``"kind": "confirmation"``: resuming
         the instance applies its timeout rule, the default or an escalation). Read
         from the record heads (no instance rebuilt) of only the instances the store's timer
@@ -859,12 +862,13 @@ class Engine:
         from .store import record_head
 
         clock = self.clock()
-        now = datetime.fromtimestamp(clock, timezone.utc)
         due = []
-        seen = self._timers_seen  # id -> (version, its timers): a record head is read again only once it changed
+        # id -> (version, the instance's latest time, its timers): a record head is read again only once it changed
+        seen = self._timers_seen
         if isinstance(self.store, InstanceRecords):
             # the index compares seconds, the check below datetimes rounded to the microsecond:
-            # a millisecond's slack lets the index miss nothing the check would take
+            # a millisecond's slack lets the index miss nothing the check would take (the index
+            # lists a timer due by the instance's own latest time whatever the bound, ``timer_due``)
             rows = self.store.list_due(clock + 1e-3)
         else:
             rows = self.store.list()
@@ -876,11 +880,13 @@ class Engine:
                     head = record_head(self.store, row["id"])
                 except ContextKeyError:
                     continue  # deleted meanwhile
-                known = seen[row["id"]] = (head["version"], [
+                known = seen[row["id"]] = (head["version"], _floor_of(head, {}), [
                     {**item, "instance_id": row["id"], "version": head["version"]}
                     for item in head.get("engine", {}).get("waiting_for", [])
                     if item.get("kind") in ("timer", "confirmation") and item.get("due")])
-            due += [item for item in known[1] if _utc(item["due"]) <= now]
+            # what the instance's clock reads once loaded: the engine's, or its floor when that is later
+            now = datetime.fromtimestamp(max(clock, known[1]), timezone.utc)
+            due += [item for item in known[2] if _utc(item["due"]) <= now]
         for gone in seen.keys() - {row["id"] for row in waiting}:
             del seen[gone]
         return sorted(due, key=lambda item: _utc(item["due"]))
@@ -1980,6 +1986,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             out["input"] = {name: thaw(task.data[name])}
         return out
 
+    def _where(self, task: Any) -> dict[str, Any]:
+        """An event item's ``context`` (the one it waits in) and, in a multi-instance, its ``instance``."""
+        return {"context": spiff.context_name_of(task), **self._instance_of(task)}
+
     def change_mark(self) -> tuple[Any, ...]:
         """What a run changes when it does anything: the status, what the instance waits for, the
         tapes, the confirmations, the error and every task's state (sub-workflows too)."""
@@ -2053,11 +2063,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 item.update(id=str(branch.id), event_id=item["task_id"], gateway_id=spiff.bpmn_id_of(task))
             if spiff.is_cycle(task):
                 item["repetitions_left"] = spiff.cycle_repetitions_left(task)
+            item.update(self._instance_of(task))
             waiting.append(item)
         # a message or signal catch says which event it waits for, and is listed even beside a
         # user task or a timer (a boundary message on a user task): `send` can deliver it
         catches = events.waiting_catches(wf)
-        caught = [c.item() for c in catches]
+        # where each waits, as a timer's item says it: the lines of a multi-instance wait for one
+        # event under one ``task_id``, told apart by their context and instance
+        caught = [{**c.item(), **self._where(c.task)} if c.task is not None else c.item() for c in catches]
         listed = {str(c.task.id) for c in catches if c.task is not None}
         nothing_else = not waiting
         for task in _all_tasks(wf, TaskState.WAITING):
@@ -2074,7 +2087,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             conditions = events.conditional_members(task.task_spec)
             for definition, event_id in conditions:
                 item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
-                        "event_kind": "conditional", "condition": str(definition.expression).strip()}
+                        "event_kind": "conditional", "condition": str(definition.expression).strip(),
+                        **self._where(task)}
                 branch = spiff.gateway_branch(task, event_id)
                 if branch is not None:
                     item.update(id=str(branch.id), event_id=event_id, gateway_id=item["task_id"], never_fires=True)

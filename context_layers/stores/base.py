@@ -68,6 +68,7 @@ __all__ = [
     "STORE_FORMAT",
     "INSTANCE_FORMAT",
     "TIMER_INDEX",
+    "DUE_AT_ONCE",
     "BLOB_MIN_BYTES",
     "Store",
     "InstanceSummary",
@@ -105,7 +106,10 @@ INSTANCE_FORMAT = 2
 #: Version of the timer index (``timer_due``) a store keeps. A store that does not say it
 #: holds this version (one written before the index existed) fills the index from its
 #: records, once, on the first ``due_instances``, and then records the version.
-TIMER_INDEX = 1
+TIMER_INDEX = 2  # 2: a timer due by the time the instance has seen is due at once (``timer_due``)
+
+#: The timer index value of a timer due already by the record's own time (``timer_due``): every bound reaches it.
+DUE_AT_ONCE = float("-inf")
 
 #: Snapshot parts whose JSON is at least this long are stored once, by hash.
 BLOB_MIN_BYTES = 128
@@ -519,6 +523,10 @@ def timer_due(record: Mapping[str, Any], fix: str = "cancel the instance (layerf
     A due time that is not ISO 8601 text raises ``InvalidRecord`` naming the instance and
     the field, and saying what to do (``fix``): a timer the index cannot place would never
     be found, so a save refuses it rather than keep it silently.
+
+    An instance's clock never runs behind the latest time it has seen, its record's ``created``
+    and ``updated``: a timer due by then is due whatever the clock of whoever asks (an engine
+    whose clock is behind the one that saved the record), so it is indexed ``DUE_AT_ONCE``.
     """
     if record.get("status") != "waiting":
         return None
@@ -542,6 +550,10 @@ def timer_due(record: Mapping[str, Any], fix: str = "cancel the instance (layerf
                                 "ISO 8601 time such as '2026-01-05T09:00:00+00:00', so the timer index cannot place "
                                 f"its timer; {fix}")
         earliest = when if earliest is None else min(earliest, when)
+    seen = max((t for t in (_moment(record.get("created")), _moment(record.get("updated"))) if t is not None),
+               default=None)
+    if earliest is not None and seen is not None and earliest <= seen:
+        return DUE_AT_ONCE
     return earliest
 
 

@@ -193,7 +193,7 @@ def test_timer_and_event_items_outside_a_multi_instance_carry_no_instance(tmp_pa
     for item in items.values():
         assert "instance" not in item and "input" not in item
     assert items["wait"]["due"] and items["docs"]["event"] == "documents"
-    assert items["docs"]["context"] == items["wait"]["context"] != "main"  # each branch's own context
+    assert (items["docs"]["context"], items["wait"]["context"]) == ("main/docs@2", "main/wait@2")  # each branch's
 
 
 # ----------------------------------------------------------------------------- 4. runtime config `type`
