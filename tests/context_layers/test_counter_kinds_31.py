@@ -95,3 +95,17 @@ def test_the_compressors_counter_in_history_tells_kept_summarized_and_counted_ap
     history = tuple(ctx.layer(Layer.HISTORY).items())
     counter = _check_exact(history, {k: v for k, v in before.items() if k.startswith("tool:")})
     assert counter["summarized"] == ["tool:3", "tool:4"] and counter["kept"] == []
+
+
+def test_a_join_that_takes_away_a_summarized_entry_moves_it_to_folded_and_the_count_holds() -> None:
+    """What a join tells a counter (``gateways.join._counters_told``) reads all its in-place lists."""
+    from gateways.conflicts import DELETED
+    from gateways.join import _counters_told
+
+    counter = {"kind": "count", "_compressed": "count_only", "pattern": KIND, "count": 5, "dropped": 3,
+               "kept": ["tool:3"], "summarized": ["tool:4"]}
+    history = {"tool:3": result(3), "tool:4": {"kind": KIND, "_compressed": "summarize", "summary": "x"},
+               COUNTER: counter}
+    told = dict(_counters_told(history, [("tool:4", DELETED)], folded=lambda key: True, held=[COUNTER]))
+    assert told[COUNTER] == {**{k: v for k, v in counter.items() if k != "summarized"}, "folded": ["tool:4"]}
+    assert list(told[COUNTER]) == [*(k for k in counter if k != "summarized"), "folded"]  # its fields' order kept
