@@ -12,20 +12,12 @@ import pytest
 
 from engine import Engine, load_process
 
-from engine_helpers import chain_bpmn, flow, write_elements
+from engine_helpers import flow, write_elements
+from test_due_timers import HOUR, Clock, timer_process
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "bpmn_examples"
 TOKEN = "gaps31-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-HOUR = 3600.0
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # ----------------------------------------------------------------------------- 1. replay past the end
@@ -74,15 +66,6 @@ def test_replay_past_the_tapes_end_gives_where_the_state_stands_in_cli_and_rest_
 
 
 # ----------------------------------------------------------------------------- 2. due by the instance's clock
-
-
-def timer_process(tmp_path: Path) -> Path:
-    path = tmp_path / "wait_an_hour.bpmn"
-    path.write_text(chain_bpmn("wait_an_hour", [
-        '<bpmn:intermediateCatchEvent id="an_hour"><bpmn:timerEventDefinition><bpmn:timeDuration>"PT1H"'
-        "</bpmn:timeDuration></bpmn:timerEventDefinition></bpmn:intermediateCatchEvent>",
-        '<bpmn:scriptTask id="after"><bpmn:script>done = True</bpmn:script></bpmn:scriptTask>']), encoding="utf-8")
-    return path
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite", "memory"])
