@@ -561,6 +561,7 @@ class Engine:
                     f"user task {item['task_id']!r}: the given answer was not used: the task no longer waits (it was "
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
                     f"first); the instance is {instance.status} now")
+        instance.notices.extend(unused_confirmation_notices(instance, answers))
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
         return instance
@@ -1346,6 +1347,50 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
     return ({str(c["id"]) for c in instance.confirmations} | {str(c["request_id"]) for c in instance.confirmations
                                                               if c.get("request_id")}
             | {str(w["id"]) for w in instance.waiting_for if w.get("id")})
+
+
+def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:
+    """A notice for each confirmation answer of ``answers`` (the ``confirmations`` keys that are no
+    user task's answer too) that names no confirmation ``instance`` ever had, as the run that was
+    given it leaves it: a join's context key misspelt (the join met no conflict on it), a join not
+    reached yet (the answer is used only by the run or resume it is given to), or a key of no join.
+    ``Engine.run`` adds them to ``instance.notices``: the CLI's stderr and REST's ``notices``."""
+    answers = answers or {}
+    tasks = answers.get("user_tasks") or {}
+    keys = [str(k) for k in (answers.get("confirmations") or {}) if k not in tasks and k != "*"]
+    known: set[str] = set()
+    for c in instance.confirmations:
+        known.add(str(c.get("id")))
+        if c.get("gateway_id") and c.get("key") is not None:
+            known.add(f"{c['gateway_id']}/{c['key']}")
+    # the joins whose branches met: one that has not may still ask (the instance stopped before it)
+    joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
+    notices = []
+    for key in keys:
+        if key in known:
+            continue
+        waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
+        gateway, _, context_key = key.partition("/")
+        asked = sorted({str(c["key"]) for c in instance.confirmations
+                        if c.get("gateway_id") == gateway and c.get("key") is not None})
+        if context_key and (gateway in joined or asked):
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id}: join {gateway!r} met "
+                           f"no conflict on {context_key!r}"
+                           + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")
+                           + f"; it was not used (the instance waits for: {waiting})")
+        elif context_key and instance.status in ("waiting", "running"):
+            # a join of the process that may still ask (``check_confirmation_keys`` refused the rest)
+            steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
+                                      for w in instance.waiting_for})) or "nothing"
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} yet and was not used: "
+                           f"join {gateway!r} has not been reached (it waits at: {steps}); an answer is used only by "
+                           f"the run or resume it is given to: give it again to the `layerflow resume` that reaches the join "
+                           "(REST: the resume request)")
+        else:
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} (it waits for: "
+                           f"{waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, as "
+                           "`waiting_for` names it")
+    return notices
 
 
 def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
