@@ -125,3 +125,31 @@ def test_rest_resume_names_a_misspelt_join_key_in_its_notices(tmp_path: Path) ->
         doc = resumed.json()
         assert [w["id"] for w in doc["waiting_for"]] == ["reviews_join/po_status"]
         assert any("met no conflict on 'po_stauts'" in n for n in doc["notices"]), doc["notices"]
+
+
+# ------------------------------------------------------------------ refusals of a found instance
+
+
+@pytest.mark.parametrize(("args", "kind"), [
+    (["rollback", "{iid}", "snap:main:999"], "not_found"),             # a snapshot id mistyped
+    (["rollback", "{iid}", "{snap}"], "invalid_state"),                # main while its branches are open
+    (["rollback", "{iid}", "{snap}", "--layers", "L1"], "bad_input"),  # PROCESS never rolls back
+    (["snapshot", "{iid}", "--context", "legal_reveiw"], "not_found"),
+])
+def test_a_refused_rollback_or_snapshot_shows_the_instance_as_it_is(store: str, args: list[str], kind: str) -> None:
+    """README: a command refused as bad input (exit 2) once it found its instance gives the instance as
+    it is (its layers, `waiting_for`, `instance_status`), nothing of the command applied. `rollback`
+    and `snapshot` printed the empty document of a failure before any instance exists: no layers,
+    `"waiting_for": []`, `"status": "error"` with no `instance_status`, so a script read a purchase
+    order that waits for legal's review as one that had failed and waits for nothing."""
+    iid = start_po(store)
+    _, before, _ = cli("inspect", iid, "--store", store)
+    [split] = [s for s in cli("snapshot", iid, "--list", "--store", store)[1]["snapshots"]
+               if s["label"] == "split:reviews"]
+    given = [a.format(iid=iid, snap=split["snapshot_id"]) for a in args]
+    code, doc, err = cli(*given, "--store", store)
+    assert code == 2 and doc["status"] == "error" and doc["error"]["kind"] == kind, (doc, err)
+    assert doc["error"]["instance_status"] == "waiting", doc["error"]
+    assert doc["instance_id"] == iid and doc["layers"] == before["layers"]
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["legal_review"]
+    assert doc["tape_length"] == before["tape_length"]                 # nothing applied
