@@ -1768,7 +1768,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     snapshot_id = snapshot_id or snapshot_arg
 
     service = _service(store, as_json)
-    instance = _load(service.engine, instance_id, as_json)
+    instance = _acting_on(_load(service.engine, instance_id, as_json))
     ctx = _branch_context(service, instance, context_name, as_json) if context_name else None
     known = _snapshot_list(instance, ctx)
     where = f" context {ctx.name!r} of" if ctx is not None else ""
@@ -1822,7 +1822,7 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
     from .governance import SnapshotArgs
 
     service = _service(store, as_json)
-    instance = _load(service.engine, instance_id, as_json)
+    instance = _acting_on(_load(service.engine, instance_id, as_json))
     ctx = _branch_context(service, instance, context_name, as_json)
     if list_them:
         known = _snapshot_list(instance, ctx if context_name else None)
