@@ -153,3 +153,175 @@ def test_a_refused_rollback_or_snapshot_shows_the_instance_as_it_is(store: str, 
     assert doc["instance_id"] == iid and doc["layers"] == before["layers"]
     assert [w["task_id"] for w in doc["waiting_for"]] == ["legal_review"]
     assert doc["tape_length"] == before["tape_length"]                 # nothing applied
+
+
+# ------------------------------------------------------------------ the purchase order, end to end
+
+
+def test_both_processes_validate() -> None:
+    for files in (PO, [INCIDENT]):
+        code, report, err = cli("validate", *files)
+        assert code == 0 and report["ok"] is True, (report, err)
+        assert [p for p in report["problems"] if p["severity"] == "error"] == []
+
+
+def test_purchase_order_through_the_cli(store: str) -> None:
+    code, doc, err = cli("run", *PO, "--data", json.dumps(REQUEST), "--store", store)
+    assert code == 3, (doc, err)
+    check_document(doc)
+    iid = doc["instance_id"]
+    assert doc["process_id"] == "purchase_order" and doc["error"] is None
+    assert [(w["kind"], w["task_id"]) for w in doc["waiting_for"]] == [("user_task", "legal_review")]
+    history = doc["layers"]["L3"]
+    # the ledger was locked once: the error boundary caught it, the retry path counted, the second try reserved
+    assert history["activity:reserve_funds"]["status"] == "error_thrown"
+    assert history["activity:reserve_funds"]["caught_by"] == ["ledger_locked"]
+    assert history["error_code"] == "ledger_locked" and history["locked_by"] == "month_end_close"
+    assert history["activity:reserve_funds#2"]["status"] == "completed"
+    assert history["reserve_attempts"] == 1 and history["reservation_id"] == "RES-R-1" and history["reserved"] == 15000
+    # the called process read SYSTEM's budgets and wrote into the caller's context
+    assert history["budget_left"] == 35000 and history["budget_ok"] is True
+    assert doc["layers"]["L1"] == {k: REQUEST[k] for k in sorted(REQUEST)}
+
+    code, doc, err = cli("resume", iid, "--store", store, "--answer", f"legal_review={LEGAL}")
+    assert code == 3, (doc, err)
+    check_document(doc)
+    [conflict] = doc["conflicts"]
+    assert conflict["gateway_id"] == "reviews_join" and conflict["key"] == "po_status" and conflict["layer"] == "L4"
+    assert conflict["values"] == {"legal_review": "changes_requested", "finance_review": "approved"}
+    assert conflict["base_value"] is None and conflict["base_absent"] is True and conflict["resolution"] is None
+    [question] = doc["confirmations"]
+    assert question["id"] == "reviews_join/po_status" and question["suggested"] == "needs_cfo"
+    assert [o["value"] for o in question["options"]] == ["changes_requested", "approved", "needs_cfo", "$escalate"]
+    assert [w["id"] for w in doc["waiting_for"]] == ["reviews_join/po_status"]
+    assert "po_status" not in doc["layers"]["L3"]          # a join waiting for a person has changed nothing yet
+
+    code, doc, err = cli("resume", iid, "--store", store, "--answer", "reviews_join/po_status=needs_cfo", "--by", "carol")
+    assert code == 3, (doc, err)
+    [conflict] = doc["conflicts"]
+    assert conflict["resolution"]["value"] == "needs_cfo" and conflict["resolution"]["resolver"] == "human"
+    history = doc["layers"]["L3"]
+    assert history["po_status"] == "needs_cfo" and history["po_number"] == "PO-R-1"
+    assert history["review_notes"] == ["legal: framework agreement missing", "finance: checked against budget"]
+    assert "review_type" not in history and "review_type" not in doc["layers"]["L4"]   # injected, left: gone
+    [logged] = history["_mergedConflicts"]
+    assert logged["resolution"]["by"] == "carol" and logged["sourceBranches"] == ["legal_review", "finance_review"]
+    assert sorted(w["kind"] for w in doc["waiting_for"]) == ["event", "timer"]
+    assert {w["gateway_id"] for w in doc["waiting_for"]} == {"await_supplier"}
+
+    code, doc, err = cli("send", iid, "supplier_ack", "--json-payload", '{"delivery_date": "2026-12-20"}',
+                         "--store", store)
+    assert code == 0 and doc["status"] == "completed" and doc["waiting_for"] == [], (doc, err)
+    assert doc["layers"]["L3"]["po_state"] == "acknowledged" and doc["layers"]["L3"]["delivery_date"] == "2026-12-20"
+
+    # the tape rebuilds the context: replay without --until is the context now, byte for byte
+    _, inspected, _ = cli("inspect", iid, "--store", store)
+    _, replayed, _ = cli("replay", iid, "--store", store)
+    assert replayed["layers"] == inspected["layers"] == doc["layers"]
+    assert inspected["tape_length"] == doc["tape_length"] and "reservation_id" in inspected["preserved"]
+    _, events, _ = cli("tape", iid, "--store", store, "--kind", "conflict")
+    assert [e["data"]["key"] for e in events] == ["po_status"]
+    [split] = [e for e in cli("tape", iid, "--store", store, "--kind", "split")[1]]
+    _, before, _ = cli("replay", iid, "--store", store, "--until", str(split["seq"]))
+    assert "po_status" not in before["layers"]["L3"] and before["layers"]["L3"]["reservation_id"] == "RES-R-1"
+    from context_layers import LayeredContext
+
+    _, whole, _ = cli("tape", iid, "--store", store)
+    assert LayeredContext.replay(whole, name="legal_review").layer(3)["po_status"] == "changes_requested"
+
+
+def test_a_silent_supplier_takes_the_timer_branch_and_nobody_answering_takes_the_default(store: str) -> None:
+    iid = start_po(store, {**REQUEST, "ledger_locked_times": 0})
+    code, doc, err = cli("resume", iid, "--store", store, "--answer", f"legal_review={LEGAL}")
+    assert code == 3 and doc["waiting_for"][0]["kind"] == "confirmation", (doc, err)
+    deadline = doc["waiting_for"][0]["due"]
+    # three days on: the confirmation timed out first (the configured default), then the 48 h timer
+    from datetime import datetime, timedelta
+
+    later = datetime.fromisoformat(deadline) + timedelta(days=3)
+    code, doc, err = cli("resume", iid, "--store", store, "--now", later.isoformat())
+    assert code == 3 and [w["kind"] for w in doc["waiting_for"]] == ["timer", "event"], (doc, err)
+    [timer] = [w for w in doc["waiting_for"] if w["kind"] == "timer"]
+    # counted from that resume's NOW (the clock runs on from there at the wall clock's pace)
+    assert abs((datetime.fromisoformat(timer["due"]) - (later + timedelta(hours=48))).total_seconds()) < 5
+    code, doc, err = cli("resume", iid, "--store", store, "--now", (later + timedelta(hours=49)).isoformat())
+    assert code == 0 and doc["status"] == "completed", (doc, err)
+    [conflict] = doc["conflicts"]
+    assert conflict["resolution"]["value"] == "needs_cfo" and conflict["resolution"]["resolver"] == "policy"
+    assert "no answer within 3600s" in conflict["resolution"]["reason"]
+    assert doc["confirmations"][0]["timed_out"] is True
+    assert doc["layers"]["L3"]["po_state"] == "chased" and "delivery_date" not in doc["layers"]["L3"]
+    code, doc, err = cli("send", iid, "supplier_ack", "--json-payload", "{}", "--store", store)
+    assert code == 2 and doc["error"]["instance_status"] == "completed", (doc, err)
+
+
+# ------------------------------------------------------------------ what a user gets wrong
+
+
+@pytest.mark.parametrize(("edit", "field", "element", "says"), [
+    (("mergeStrategy:", "mergeStrategey:"), "mergeStrategey", "reviews_join", "did you mean 'mergeStrategy'"),
+    (("{timeout: 3600", "{timout: 3600"), "humanConfirm.timout", "reviews_join", "did you mean 'timeout'"),
+    (("\nfinance_review:", "\nfinance_reveiw:"), None, "finance_reveiw", "did you mean 'finance_review'"),
+    (("append}", "appendd}"), "reducers.review_notes", "reviews_join", "'append', 'union'"),
+    (("- id: legal_review", "- id: legal_reveiw"), "branches.0.id", "reviews", "did you mean 'legal_review'"),
+    (("py:reserve_funds", "py:reserve_fund"), "handler", "reserve_funds", "did you mean 'reserve_funds'"),
+    (("[rejected, changes_requested, approved]", "rejected"), "conflictPolicy.rankings.po_status", "reviews_join",
+     "Input should be a valid list"),
+])
+def test_config_typos_are_named_with_file_line_element_and_field(tmp_path: Path, edit: tuple[str, str],
+                                                               field: str | None, element: str, says: str) -> None:
+    shutil.copytree(HERE, tmp_path / "p")
+    config = tmp_path / "p" / "purchase_order.layerflow.yaml"
+    text = config.read_text()
+    assert edit[0] in text
+    config.write_text(text.replace(edit[0], edit[1], 1))
+    code, report, err = cli("validate", str(tmp_path / "p" / "purchase_order.bpmn"),
+                            str(tmp_path / "p" / "budget_check.bpmn"))
+    assert code == 2 and report["ok"] is False, (report, err)
+    [problem] = [p for p in report["problems"] if p["severity"] == "error"]
+    assert problem["file"].endswith("purchase_order.layerflow.yaml") and isinstance(problem["line"], int)
+    assert problem["element_id"] == element and says in problem["text"], problem
+    if field is not None:
+        assert problem["field"] == field, problem
+    # run refuses it the same way: nothing starts, no store is made
+    db = tmp_path / "none.db"
+    code, doc, err = cli("run", str(tmp_path / "p" / "purchase_order.bpmn"), str(tmp_path / "p" / "budget_check.bpmn"),
+                         "--data", json.dumps(REQUEST), "--store", f"sqlite:///{db}")
+    assert code == 2 and doc["instance_id"] is None and says in doc["error"]["message"], (doc, err)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize(("answers", "says"), [
+    ({"user_tasks": {"legal_reveiw": {"po_status": "x"}}}, "user_tasks names 'legal_reveiw'"),
+    ({"user_tasks": {"legal_review": "approved"}}, "must be an object of the task's fields"),
+    ({"usertasks": {"legal_review": {}}}, "did you mean 'user_tasks'"),
+    ({"confirmations": {"review_join/po_status": "needs_cfo"}}, "can match no confirmation"),
+    ([{"legal_review": {}}], "must hold an object"),
+])
+def test_answers_of_the_wrong_shape_are_refused_before_anything_runs(tmp_path: Path, store: str,
+                                                                     answers: Any, says: str) -> None:
+    path = tmp_path / "answers.json"
+    path.write_text(json.dumps(answers))
+    code, doc, err = cli("run", *PO, "--data", json.dumps(REQUEST), "--answers", str(path), "--store", store)
+    assert code == 2 and doc["instance_id"] is None and says in doc["error"]["message"], (doc, err)
+    assert str(path) in doc["error"]["message"]
+
+
+def test_answers_a_resume_refuses_leave_the_instance_as_it_was(store: str) -> None:
+    iid = start_po(store)
+    code, doc, err = cli("resume", iid, "--store", store, "--answer", "legal_review=approved")
+    assert code == 2 and "answer it with a JSON object" in doc["error"]["message"], (doc, err)
+    code, doc, err = cli("resume", iid, "--store", store, "--answer", f"legal_review={LEGAL}")
+    assert code == 3
+    length = doc["tape_length"]
+    code, doc, err = cli("resume", iid, "--store", store, "--answer", "reviews_join/po_status=maybe")
+    assert code == 2 and doc["error"]["kind"] == "invalid_answer" and '"needs_cfo"' in doc["error"]["message"]
+    assert doc["error"]["instance_status"] == "waiting" and doc["waiting_for"][0]["id"] == "reviews_join/po_status"
+    code, doc, err = cli("send", iid, "supplier_akc", "--json-payload", "{}", "--store", store)
+    assert code == 2 and "does not wait for message 'supplier_akc'" in doc["error"]["message"]
+    code, doc, err = cli("resume", iid, "--store", store, "--set", "quantity=31")
+    assert code == 2 and "has open branches (finance_review, legal_review)" in doc["error"]["message"]
+    code, doc, err = cli("resume", iid, "--store", store, "--set", "quantity=31", "--context", "legal_review")
+    assert code == 2 and "PROCESS keys (the run's --data) are fixed" in doc["error"]["message"], (doc, err)
+    assert cli("inspect", iid, "--store", store)[1]["tape_length"] >= length
+    assert cli("inspect", iid, "--store", store)[1]["layers"]["L1"]["quantity"] == 30
