@@ -325,3 +325,139 @@ def test_answers_a_resume_refuses_leave_the_instance_as_it_was(store: str) -> No
     assert code == 2 and "PROCESS keys (the run's --data) are fixed" in doc["error"]["message"], (doc, err)
     assert cli("inspect", iid, "--store", store)[1]["tape_length"] >= length
     assert cli("inspect", iid, "--store", store)[1]["layers"]["L1"]["quantity"] == 30
+
+
+# ------------------------------------------------------------------ the incident response
+
+
+def test_incident_response_through_the_cli(store: str) -> None:
+    code, doc, err = cli("run", INCIDENT, "--data", json.dumps(ALERT), "--store", store)
+    assert code == 3, (doc, err)
+    # critical and security: the inclusive gateway took both conditional flows, not the default
+    assert sorted(c["branch_id"] for c in doc["contexts"].values()) == ["notify_security", "page_oncall"]
+    [conflict] = doc["conflicts"]
+    assert conflict["key"] == "notified" and conflict["values"] == {"page_oncall": "oncall", "notify_security": "security"}
+    iid = doc["instance_id"]
+    code, doc, err = cli("resume", iid, "--store", store, "--answer", "notify_join/notified=security")
+    assert code == 0 and doc["status"] == "completed", (doc, err)
+    check_document(doc)
+    history = doc["layers"]["L3"]
+    # the model step (its offline handler) and the preserved keys survive the post-mortem's compression
+    assert (history["severity"], history["category"]) == ("critical", "security")
+    assert history["isolation"] == {"host": "web-3", "status": "isolated"}
+    assert history["postmortem"] == "critical security incident on web-3: contained (isolated)"
+    [compression] = doc["compressions"]
+    assert compression["activity_id"] == "postmortem" and "token_threshold" in compression["triggers"]
+    assert compression["tokens_after"] < compression["tokens_before"]
+    assert doc["tokens"]["L3"] < 400 < compression["tokens_before"]
+    record = history[compression["compaction_key"]]
+    assert record["kept"] == [f"tool_call_result_{n}: status: ok; data.id: LOG-{n}" for n in range(3)]
+    assert not any(k.startswith("tool_call_result") for k in history)
+    assert "paged" not in history and "tool_call_result_0" in compression["folded"]
+    assert {r["pattern"]: r["entries"] for r in compression["rules"]} == {"tool_call_result": 3, "reasoning_chain": 1}
+    # the tape holds what the compression folded: replay to the snapshot it took, and roll HISTORY back to it
+    seq = int(compression["snapshot_id"].rsplit(":", 1)[1])
+    _, before, _ = cli("replay", iid, "--store", store, "--until", str(seq))
+    assert before["layers"]["L3"]["paged"] == ["oncall-sre", "secops"]           # the union reducer
+    assert before["layers"]["L3"]["tool_call_result_2"]["data"]["lines"][0].startswith("web-3 sshd[1000]")
+    code, rolled, err = cli("rollback", iid, compression["snapshot_id"], "--layers", "L3", "--store", store,
+                            "--reason", "audit the raw logs")
+    assert code == 0 and rolled["restored_layers"] == ["L3"], (rolled, err)
+    assert rolled["layers"]["L3"] == before["layers"]["L3"] | {k: v for k, v in history.items()
+                                                               if k not in before["layers"]["L3"]
+                                                               and not k.startswith("compaction:")}
+    _, now, _ = cli("inspect", iid, "--store", store)
+    assert now["compressions"][0]["undone"]["by"] == "rollback"
+    assert cli("replay", iid, "--store", store)[1]["layers"] == now["layers"]
+
+
+def test_incident_with_a_fake_model_arbiter_and_the_default_path_through_python() -> None:
+    from context_layers import LayeredContext
+    from engine import Engine, load_process
+    from gateways.arbiter import ArbitrationAnswer
+
+    class Arbiter:                      # the deterministic stand-in for the model at the join
+        def __init__(self) -> None:
+            self.asked: list[Any] = []
+
+        def arbitrate(self, request: Any) -> ArbitrationAnswer:
+            self.asked.append(request)
+            return ArbitrationAnswer(final_value="security", rationale="a login alert is security's first")
+
+    arbiter = Arbiter()
+    engine = Engine("memory://", arbiter=arbiter)
+    process = load_process(INCIDENT)
+    instance = engine.run(process, ALERT)
+    assert instance.status == "completed", instance.error
+    [request] = arbiter.asked
+    assert request.key == "notified" and dict(request.values) == {"page_oncall": "oncall", "notify_security": "security"}
+    assert request.policy_text == "Critical production incidents page on-call; security incidents notify security."
+    [conflict] = instance.to_document()["conflicts"]
+    assert conflict["resolution"] == {"value": "security", "resolver": "model",
+                                      "reason": "a login alert is security's first"}
+    assert LayeredContext.replay(instance.main.tape) == instance.main
+    # neither condition holds: only the default flow (a ticket), no conflict, nothing asked
+    quiet = engine.run(process, {"alert_id": "A-8", "host": "web-4", "alert_text": "disk latency on staging"})
+    assert quiet.status == "completed" and len(arbiter.asked) == 1
+    assert [c["branch_id"] for c in quiet.to_document()["contexts"].values()] == ["log_ticket"]
+    assert "ticket: INC-A-8" in quiet.main.resolve("compaction:1")["summary"]
+
+
+def test_incident_and_purchase_order_through_rest(tmp_path: Path) -> None:
+    from engine import create_app
+    from tests.engine.governance_helpers import ServerThread
+
+    catalog = tmp_path / "catalog"
+    shutil.copytree(HERE, catalog)
+    headers = {"Authorization": "Bearer t0k"}
+    with ServerThread(create_app(f"sqlite:///{tmp_path / 'rest.db'}", catalog, token="t0k")) as server:
+        api = server.url + "/api"
+        assert http.get(f"{api}/instances").status_code == 401
+        listed = http.get(f"{api}/processes", headers=headers).json()
+        assert {p["id"] for p in listed} >= {"purchase_order", "incident_response", "budget_check"}
+        started = http.post(f"{api}/instances", headers=headers, json={
+            "process_id": "incident_response", "data": ALERT,
+            "answers": {"confirmations": {"notify_join/notified": "oncall"}}})
+        assert started.status_code == 201, started.text
+        doc = started.json()
+        check_document(doc)
+        iid = doc["instance_id"]
+        assert doc["status"] == "completed" and doc["notices"] == []
+        evaluated = http.post(f"{api}/context-governance/compress", headers=headers,
+                              json={"instance_id": iid, "action": "evaluate"}).json()
+        assert evaluated["preserved_intact"] is True
+        assert set(evaluated["checked_preserved"]) == {"severity", "category", "isolation"}
+        undone = http.post(f"{api}/context-governance/compress", headers=headers,
+                           json={"instance_id": iid, "action": "decompress"}).json()
+        assert undone["tokens_after"] == evaluated["tokens_before"]
+        doc = http.get(f"{api}/instances/{iid}", headers=headers).json()
+        assert doc["layers"]["L3"]["notified"] == "oncall" and "tool_call_result_1" in doc["layers"]["L3"]
+        assert doc["compressions"][0]["undone"]["by"] == "decompress"
+        tape = http.get(f"{api}/instances/{iid}/tape", headers=headers, params={"kind": "human_decision"}).json()
+        assert [e["data"]["value"] for e in tape["events"]] == ["oncall"]
+
+        # the purchase order: a person in a parallel branch, the join's question, the supplier's message
+        po = http.post(f"{api}/instances", headers=headers, json={"process_id": "purchase_order", "data": REQUEST}).json()
+        pid = po["instance_id"]
+        typo = http.post(f"{api}/instances/{pid}/user-tasks/legal_reveiw", headers=headers, json={"data": {}})
+        assert typo.status_code == 409 and "legal_review" in typo.json()["error"]["message"]
+        done = http.post(f"{api}/instances/{pid}/user-tasks/legal_review", headers=headers,
+                         json={"data": json.loads(LEGAL), "user": "lena"}).json()
+        assert [w["id"] for w in done["waiting_for"]] == ["reviews_join/po_status"]
+        wrong = http.post(f"{api}/confirmations/reviews_join/po_status", headers=headers,
+                          json={"value": "maybe", "instance_id": pid})
+        assert wrong.status_code == 400 and wrong.json()["error"]["kind"] == "invalid_answer"
+        answered = http.post(f"{api}/confirmations/reviews_join/po_status", headers=headers,
+                             json={"value": "needs_cfo", "instance_id": pid, "user": "carol"})
+        assert answered.status_code == 200, answered.text
+        again = http.post(f"{api}/confirmations/reviews_join/po_status", headers=headers,
+                          json={"value": "approved", "instance_id": pid})
+        assert again.status_code == 409 and again.json()["error"]["kind"] == "already_answered"
+        denied = http.post(f"{api}/context-governance/inject", headers=headers,
+                           json={"instance_id": pid, "key": "quantity", "value": 31})
+        assert denied.status_code == 403 and denied.json()["error"]["key"] == "quantity"
+        sent = http.post(f"{api}/instances/{pid}/events", headers=headers,
+                         json={"name": "supplier_ack", "payload": {"delivery_date": "2026-12-24"}}).json()
+        assert sent["status"] == "completed" and sent["layers"]["L3"]["delivery_date"] == "2026-12-24"
+        replayed = http.get(f"{api}/instances/{pid}/replay", headers=headers).json()
+        assert {k["key"]: k["value"] for k in replayed["layers"]["L3"]["keys"]} == sent["layers"]["L3"]
