@@ -461,3 +461,26 @@ def test_incident_and_purchase_order_through_rest(tmp_path: Path) -> None:
         assert sent["status"] == "completed" and sent["layers"]["L3"]["delivery_date"] == "2026-12-24"
         replayed = http.get(f"{api}/instances/{pid}/replay", headers=headers).json()
         assert {k["key"]: k["value"] for k in replayed["layers"]["L3"]["keys"]} == sent["layers"]["L3"]
+
+
+def test_a_query_template_naming_a_key_the_context_lacks_is_named_on_the_retrieval_note(tmp_path: Path) -> None:
+    """`knowledgeConfig.query: "{alert_txt}"` (for alert_text): the query came out empty, the triage
+    found no runbook, and the retrieval note said only `query: "", kept: 0`: nothing told the team
+    that the template named a key the context does not hold. The note now names it (`absent`), and
+    the plain `tape` listing shows the retrieval's query and counts."""
+    shutil.copytree(HERE, tmp_path / "p")
+    config = tmp_path / "p" / "incident_response.layerflow.yaml"
+    config.write_text(config.read_text().replace('query: "{alert_text}"', 'query: "runbook {alert_txt} {host}"'))
+    store = f"sqlite:///{tmp_path / 'q.db'}"
+    code, doc, err = cli("run", str(tmp_path / "p" / "incident_response.bpmn"), "--data", json.dumps(ALERT),
+                         "--answer", "notify_join/notified=security", "--store", store)
+    assert code == 0, (doc, err)
+    _, [note], _ = cli("tape", doc["instance_id"], "--kind", "retrieval", "--store", store)
+    assert note["data"]["query"] == "runbook  web-3" and note["data"]["absent"] == ["alert_txt"], note
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    plain = CliRunner(env={"LAYERFLOW_STORE": None}).invoke(main, ["tape", doc["instance_id"], "--kind", "retrieval",
+                                                                   "--store", store])
+    assert "absent=[\"alert_txt\"]" in plain.stdout and "query=\"runbook  web-3\"" in plain.stdout, plain.stdout
