@@ -1663,16 +1663,19 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
 # What an auditor reads first in a note, in this order; the rest is in `tape --json`.
 _NOTE_FIELDS = ("key", "conflicting_values", "resolver", "outcome", "confirmation_id", "value", "branch",
                 "decided_by", "branches", "conflicts", "detail")
-# an operator's changes: what was injected (its writes are the lines before), refused or reconfigured, and why
-_OPERATOR_NOTE_FIELDS = {
+# notes of their own: an operator's changes (what was injected: its writes are the lines before; refused or
+# reconfigured, and why), and a retrieval's lookup
+_NOTE_FIELDS_BY_NOTE = {
     "governance": ("op", "layer", "keys", "reason"),
     "governance_denied": ("op", "key", "requested_layer", "effective_layer", "reason"),
     "config_change": ("activity_id", "config_version", "mode", "change", "reason"),
+    # what was looked up and found: a misspelt collection or template key finds nothing
+    "retrieval": ("collections", "query", "kept", "dropped", "missing", "absent"),
 }
 
 
 def _note_detail(data: Mapping[str, Any]) -> str:
-    fields = _OPERATOR_NOTE_FIELDS.get(str(data.get("note")), _NOTE_FIELDS)
+    fields = _NOTE_FIELDS_BY_NOTE.get(str(data.get("note")), _NOTE_FIELDS)
     return ", ".join(f"{f}={_short(data[f])}" for f in fields if data.get(f) is not None)
 
 

@@ -2942,7 +2942,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         kc = cfg.knowledge_config
         assert kc is not None
         retriever = self.engine.retriever_for(self.process)
-        query = _knowledge_query(ctx, kc.query, task)
+        query, absent = _knowledge_query(ctx, kc.query, task)
         kept = dropped = 0
         for collection in kc.rag_collections:
             for hit in retriever.retrieve(collection, query, top_k=kc.top_k):
@@ -2963,6 +2963,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             if isinstance(retriever, BM25Retriever) else []
         if missing:
             data["missing"] = missing
+        if absent:  # a template field the context lacks reads as "": a misspelt key empties the query
+            data["absent"] = absent
         ctx.record("retrieval", actor="retriever", data=data)
 
     # ----- expressions and scripts ----------------------------------------------------------
@@ -3171,30 +3173,36 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
     return list(once.values())
 
 
-def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> str:
+def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> tuple[str, list[str]]:
+    """The retrieval query, and the template's fields the context does not hold (each read as "")."""
     if template:
+        fields = _Fields(ctx)
         try:
-            return template.format_map(_Fields(ctx))
+            return template.format_map(fields), fields.absent
         except (ValueError, IndexError):
-            return template
+            return template, []
     spec = task.task_spec
     parts = [spec.bpmn_name or spec.bpmn_id, getattr(spec, "documentation", None) or ""]
     for value in ctx.layer(Layer.PROCESS).values():
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             parts.append(str(value))
-    return " ".join(p for p in parts if p)
+    return " ".join(p for p in parts if p), []
 
 
 class _Fields(dict):  # type: ignore[type-arg]
-    """A query template's fields: the context keys it names (thawed on first use), "" for unknown ones.
-    Empty as a dict, so filling a template costs the keys it names, not the whole context."""
+    """A query template's fields: the context keys it names (thawed on first use), "" for unknown ones
+    (listed in ``absent``). Empty as a dict, so filling a template costs the keys it names, not the
+    whole context."""
 
     def __init__(self, ctx: LayeredContext) -> None:
         super().__init__()
         self._ctx = ctx
+        self.absent: list[str] = []
 
     def __missing__(self, key: str) -> Any:
         value = self._ctx.get(key, ABSENT)
+        if value is ABSENT:
+            self.absent.append(key)
         out = "" if value is ABSENT else thaw(value)
         self[key] = out
         return out
