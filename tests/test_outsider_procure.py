@@ -484,3 +484,15 @@ def test_a_query_template_naming_a_key_the_context_lacks_is_named_on_the_retriev
     plain = CliRunner(env={"LAYERFLOW_STORE": None}).invoke(main, ["tape", doc["instance_id"], "--kind", "retrieval",
                                                                    "--store", store])
     assert "absent=[\"alert_txt\"]" in plain.stdout and "query=\"runbook  web-3\"" in plain.stdout, plain.stdout
+
+
+def test_tape_takes_limit_as_the_rest_tape_does(store: str) -> None:
+    """README: REST's tape filters are "as `layerflow tape`: context, kind, activity, branch, key, since,
+    limit"; `layerflow tape ID --limit 5` answered "No such option: --limit" (exit 2)."""
+    iid = start_po(store)
+    _, whole, _ = cli("tape", iid, "--store", store)
+    code, first, err = cli("tape", iid, "--store", store, "--since", "3", "--limit", "4")
+    assert code == 0, err
+    assert first == [e for e in whole if e["context"] == "main" and e["seq"] >= 3][:4] and len(first) == 4
+    code, doc, err = cli("tape", iid, "--store", store, "--limit", "0")
+    assert code == 2 and "--limit" in doc["error"]["message"], (doc, err)
