@@ -1606,10 +1606,12 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
 @click.option("--key", default=None, help="events that change this key")
 @click.option("--branch", default=None, help="events of this branch id")
 @click.option("--since", type=int, default=None, help="from this sequence number")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="at most this many events, the first ones (as REST's tape?limit=)")
 @_store_option
 @_json_option
 def tape(instance_id: str, context_name: str | None, kind: str | None, activity: str | None, key: str | None,
-         branch: str | None, since: int | None, store: str | None, as_json: bool) -> None:
+         branch: str | None, since: int | None, limit: int | None, store: str | None, as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json, create=False)
     instance = _load(engine, instance_id, as_json)
@@ -1627,6 +1629,8 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
             if (since is None or e.seq >= since) and (kinds is None or matches_kind(e, kinds)):
                 events.append((e.time, name, e))
     events.sort(key=lambda t: (t[0], t[2].seq))
+    if limit is not None:
+        events = events[:limit]
     if not events and kind:
         seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
                        for k in (e.kind, (e.data or {}).get("note")) if k})
