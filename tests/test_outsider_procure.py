@@ -496,3 +496,20 @@ def test_tape_takes_limit_as_the_rest_tape_does(store: str) -> None:
     assert first == [e for e in whole if e["seq"] >= 3][:4] and len(first) == 4
     code, doc, err = cli("tape", iid, "--store", store, "--limit", "0")
     assert code == 2 and "--limit" in doc["error"]["message"], (doc, err)
+
+
+def test_an_escalated_join_tells_a_cli_user_how_to_settle_it_from_the_cli(store: str) -> None:
+    """A person escalates the join's question: the instance fails at the join, and its error said only
+    "given as runtime config (POST /api/context-governance/config)": a team that runs layerflow from the
+    CLI on a sqlite file has no server. The README's other way, correcting a branch's own value with
+    `resume --set KEY=VALUE --context BRANCH_ID`, is named now, and it settles the join."""
+    iid = start_po(store)
+    code, doc, err = cli("resume", iid, "--store", store, "--answer", 'legal_review={"po_status": "rejected"}',
+                         "--answer", "reviews_join/po_status=$escalate")
+    assert code == 1 and doc["error"]["kind"] == "merge_conflict", (doc, err)
+    message = doc["error"]["message"]
+    assert "POST /api/context-governance/config" in message
+    assert ("layerflow resume ID --set po_status=VALUE --context BRANCH_ID` (the branches: legal_review, "
+            "finance_review)") in message, message
+    code, doc, err = cli("resume", iid, "--store", store, "--set", "po_status=rejected", "--context", "finance_review")
+    assert code == 3 and doc["error"] is None and doc["layers"]["L3"]["po_status"] == "rejected", (doc, err)
