@@ -715,6 +715,12 @@ def resolve_conflicts(
                      f"{config.merge_strategy}: write mergeStrategy: BRANCH_PRIORITY to let it decide.")
         if escalated:
             todo += (" " if todo else "") + f"{ESCALATION_IS_FINAL} (layerflow resume ID)."
+            # without a server (the CLI on a sqlite file), a branch's own value corrected so the branches
+            # agree settles it too: the join merges its branches again
+            key = escalated[0].key if len({c.key for c in escalated}) == 1 else "KEY"
+            branches = ", ".join(dict.fromkeys(b for c in escalated for b in c.conflicting_values))
+            todo += (f" Or correct a branch's own value so the branches agree: `layerflow resume ID --set "
+                     f"{key}=VALUE --context BRANCH_ID` (the branches: {branches}).")
         err = conflict_error([*unresolved, *escalated], gateway_id=gateway_id, why="; ".join(parts), todo=todo)
         err.steps = [s.to_dict() for s in steps]  # type: ignore[attr-defined]
         raise err
