@@ -513,3 +513,24 @@ def test_an_escalated_join_tells_a_cli_user_how_to_settle_it_from_the_cli(store:
             "finance_review)") in message, message
     code, doc, err = cli("resume", iid, "--store", store, "--set", "po_status=rejected", "--context", "finance_review")
     assert code == 3 and doc["error"] is None and doc["layers"]["L3"]["po_status"] == "rejected", (doc, err)
+
+
+def test_a_policy_rule_that_cannot_be_evaluated_is_named_in_the_resolution_it_left_to_the_ranking(tmp_path: Path) -> None:
+    """The CFO rule's `when` misspelt (`requested_totl > 10000`): the rule does not apply (DESIGN of the
+    expressions: an absent key means the rule does not apply, the caller records why), and the ranking
+    settled po_status. The why was only a `resolution` note on the tape; the resolution itself, which
+    `run --json`, `_mergedConflicts` and the summary show, read as if the ranking were the policy's whole
+    answer, so nobody learnt that the CFO rule had never been evaluated. Its reason now says so."""
+    shutil.copytree(HERE, tmp_path / "p")
+    config = tmp_path / "p" / "purchase_order.layerflow.yaml"
+    config.write_text(config.read_text().replace("requested_total > 10000", "requested_totl > 10000"))
+    files = [str(tmp_path / "p" / "purchase_order.bpmn"), str(tmp_path / "p" / "budget_check.bpmn")]
+    code, doc, err = cli("run", *files, "--data", json.dumps(REQUEST), "--answer", f"legal_review={LEGAL}",
+                         "--store", f"sqlite:///{tmp_path / 'rule.db'}")
+    assert code == 3, (doc, err)
+    [conflict] = doc["conflicts"]
+    reason = conflict["resolution"]["reason"]
+    assert conflict["resolution"]["resolver"] == "policy" and conflict["resolution"]["value"] == "changes_requested"
+    assert reason.startswith("policy ranking for 'po_status'"), reason
+    assert "rule 0 (when 'requested_totl > 10000') did not apply: unknown name 'requested_totl'" in reason, reason
+    assert doc["layers"]["L3"]["_mergedConflicts"][0]["resolution"]["reason"] == reason
