@@ -534,3 +534,17 @@ def test_a_policy_rule_that_cannot_be_evaluated_is_named_in_the_resolution_it_le
     assert reason.startswith("policy ranking for 'po_status'"), reason
     assert "rule 0 (when 'requested_totl > 10000') did not apply: unknown name 'requested_totl'" in reason, reason
     assert doc["layers"]["L3"]["_mergedConflicts"][0]["resolution"]["reason"] == reason
+
+
+def test_a_scripted_run_answers_every_person_in_advance(tmp_path: Path, store: str) -> None:
+    """`run --answers FILE`, as CI runs it: legal's review and the join's question answered before they
+    come; the run stops only where no person can help (the supplier's message or its timer), and says
+    nothing of unused answers, since every one was used."""
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": {"legal_review": json.loads(LEGAL)},
+                                   "confirmations": {"reviews_join/po_status": "needs_cfo"}}))
+    code, doc, err = cli("run", *PO, "--data", json.dumps(REQUEST), "--answers", str(answers), "--store", store)
+    assert code == 3 and doc["error"] is None, (doc, err)
+    assert sorted(w["kind"] for w in doc["waiting_for"]) == ["event", "timer"]
+    assert doc["conflicts"][0]["resolution"]["value"] == "needs_cfo" and doc["confirmations"][0]["answer"] == "needs_cfo"
+    assert "not used" not in err and "matches no confirmation" not in err, err
