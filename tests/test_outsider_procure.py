@@ -15,6 +15,12 @@ Two processes of their own, in tests/outsider_procure/:
 
 Driven as a user would: the CLI (click's runner, in this process: stdin is no terminal, as in a
 script), the REST API on a real HTTP server, and the public Python names.
+
+Found on the way (each test below says what it was): a misspelt join key given to the resume that
+reaches the join went unnamed (CLI stderr, REST notices); a refused `rollback`/`snapshot --json` printed
+an empty document, not the instance; a query template's key the context lacks emptied the retrieval
+unseen; `tape` had no `--limit`; an escalated join named no CLI way to settle it; a policy rule that
+could not be evaluated left no trace in the resolution the ranking made.
 """
 
 from __future__ import annotations
