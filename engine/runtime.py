@@ -562,6 +562,7 @@ class Engine:
                     f"user task {item['task_id']!r}: the given answer was not used: the task no longer waits (it was "
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
                     f"first); the instance is {instance.status} now")
+        instance.notices.extend(unused_confirmation_notices(instance, answers))
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
         return instance
@@ -1352,6 +1353,50 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
     return ({str(c["id"]) for c in instance.confirmations} | {str(c["request_id"]) for c in instance.confirmations
                                                               if c.get("request_id")}
             | {str(w["id"]) for w in instance.waiting_for if w.get("id")})
+
+
+def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:
+    """A notice for each confirmation answer of ``answers`` (the ``confirmations`` keys that are no
+    user task's answer too) that names no confirmation ``instance`` ever had, as the run that was
+    given it leaves it: a join's context key misspelt (the join met no conflict on it), a join not
+    reached yet (the answer is used only by the run or resume it is given to), or a key of no join.
+    ``Engine.run`` adds them to ``instance.notices``: the CLI's stderr and REST's ``notices``."""
+    answers = answers or {}
+    tasks = answers.get("user_tasks") or {}
+    keys = [str(k) for k in (answers.get("confirmations") or {}) if k not in tasks and k != "*"]
+    known: set[str] = set()
+    for c in instance.confirmations:
+        known.add(str(c.get("id")))
+        if c.get("gateway_id") and c.get("key") is not None:
+            known.add(f"{c['gateway_id']}/{c['key']}")
+    # the joins whose branches met: one that has not may still ask (the instance stopped before it)
+    joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
+    notices = []
+    for key in keys:
+        if key in known:
+            continue
+        waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
+        gateway, _, context_key = key.partition("/")
+        asked = sorted({str(c["key"]) for c in instance.confirmations
+                        if c.get("gateway_id") == gateway and c.get("key") is not None})
+        if context_key and (gateway in joined or asked):
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id}: join {gateway!r} met "
+                           f"no conflict on {context_key!r}"
+                           + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")
+                           + f"; it was not used (the instance waits for: {waiting})")
+        elif context_key and instance.status in ("waiting", "running"):
+            # a join of the process that may still ask (``check_confirmation_keys`` refused the rest)
+            steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
+                                      for w in instance.waiting_for})) or "nothing"
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} yet and was not used: "
+                           f"join {gateway!r} has not been reached (it waits at: {steps}); an answer is used only by "
+                           f"the run or resume it is given to: give it again to the `layerflow resume` that reaches the join "
+                           "(REST: the resume request)")
+        else:
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} (it waits for: "
+                           f"{waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, as "
+                           "`waiting_for` names it")
+    return notices
 
 
 def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
@@ -2911,7 +2956,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         kc = cfg.knowledge_config
         assert kc is not None
         retriever = self.engine.retriever_for(self.process)
-        query = _knowledge_query(ctx, kc.query, task)
+        query, absent = _knowledge_query(ctx, kc.query, task)
         kept = dropped = 0
         for collection in kc.rag_collections:
             for hit in retriever.retrieve(collection, query, top_k=kc.top_k):
@@ -2932,6 +2977,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             if isinstance(retriever, BM25Retriever) else []
         if missing:
             data["missing"] = missing
+        if absent:  # a template field the context lacks reads as "": a misspelt key empties the query
+            data["absent"] = absent
         ctx.record("retrieval", actor="retriever", data=data)
 
     # ----- expressions and scripts ----------------------------------------------------------
@@ -3140,30 +3187,36 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
     return list(once.values())
 
 
-def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> str:
+def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> tuple[str, list[str]]:
+    """The retrieval query, and the template's fields the context does not hold (each read as "")."""
     if template:
+        fields = _Fields(ctx)
         try:
-            return template.format_map(_Fields(ctx))
+            return template.format_map(fields), fields.absent
         except (ValueError, IndexError):
-            return template
+            return template, []
     spec = task.task_spec
     parts = [spec.bpmn_name or spec.bpmn_id, getattr(spec, "documentation", None) or ""]
     for value in ctx.layer(Layer.PROCESS).values():
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             parts.append(str(value))
-    return " ".join(p for p in parts if p)
+    return " ".join(p for p in parts if p), []
 
 
 class _Fields(dict):  # type: ignore[type-arg]
-    """A query template's fields: the context keys it names (thawed on first use), "" for unknown ones.
-    Empty as a dict, so filling a template costs the keys it names, not the whole context."""
+    """A query template's fields: the context keys it names (thawed on first use), "" for unknown ones
+    (listed in ``absent``). Empty as a dict, so filling a template costs the keys it names, not the
+    whole context."""
 
     def __init__(self, ctx: LayeredContext) -> None:
         super().__init__()
         self._ctx = ctx
+        self.absent: list[str] = []
 
     def __missing__(self, key: str) -> Any:
         value = self._ctx.get(key, ABSENT)
+        if value is ABSENT:
+            self.absent.append(key)
         out = "" if value is ABSENT else thaw(value)
         self[key] = out
         return out
