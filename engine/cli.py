@@ -865,7 +865,17 @@ def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> N
             gateway, _, context_key = key.partition("/")
             asked = sorted({str(c["key"]) for c in instance.confirmations
                             if c.get("gateway_id") == gateway and c.get("key") is not None})
-            if context_key and (gateway in joined or asked):
+            settled = [c for c in instance.conflicts if c.get("gateway_id") == gateway
+                       and c.get("key") == context_key and c.get("resolution")]
+            if context_key and settled:
+                # the join met the conflict and settled it without a person (a policy rule, a strategy, the model)
+                how = settled[0]["resolution"]
+                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id}: join "
+                         f"{gateway!r} settled its conflict on {context_key!r} by {how.get('resolver')}: "
+                         f"{json.dumps(how.get('value'))} ({how.get('reason')}), without asking a person; it was not "
+                         f"used (the instance waits for: {waiting}); a `resume --set` or an `inject` corrects the "
+                         "value after the join")
+            elif context_key and (gateway in joined or asked):
                 out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id}: join "
                          f"{gateway!r} met no conflict on {context_key!r}"
                          + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")

@@ -83,6 +83,7 @@ from gateways.policy import MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, option_value, short)
 from .gateway_steps import _deadline as confirmation_deadline
+from .answer import answer_problems
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, config_file_changes, config_file_section_changes
@@ -2695,7 +2696,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return None
         handler = self._handler_for(spec.bpmn_id, cfg)
         if handler is not None:
-            write_result(actx, handler(actx))
+            result = handler(actx)
+            if cfg is not None and cfg.llm is not None:
+                _check_offline_answer(spec.bpmn_id, cfg, result)
+            write_result(actx, result)
             if actx.data:
                 write_result(actx, actx.data)
             return None
@@ -3153,6 +3157,22 @@ class _Fields(dict):  # type: ignore[type-arg]
         out = "" if value is ABSENT else thaw(value)
         self[key] = out
         return out
+
+
+def _check_offline_answer(bpmn_id: str, cfg: ActivityExtensionConfig, result: Any) -> None:
+    """A model step's offline handler stands in for the model: its answer is held to the same contract
+    (llm.outputSchema / outputKeys), so a run without a model cannot pass what the model's run refuses."""
+    llm = cfg.llm
+    if llm is None or not isinstance(result, Mapping) or not (llm.output_schema or llm.output_keys):
+        return
+    problems = answer_problems(result, schema=llm.output_schema, keys=llm.output_keys)
+    if problems:
+        contract = "llm.outputSchema" if llm.output_schema else "llm.outputKeys"
+        by = f" ({cfg.handler})" if cfg.handler else ""
+        raise ActivityError(f"model step {bpmn_id!r} ran offline: the answer of its handler{by} does not meet its "
+                            f"{contract}: {'; '.join(problems)}; nothing of it was written. A model's answer would be "
+                            f"refused the same way: make the handler answer as {contract} says (or correct "
+                            f"{contract}), then `layerflow resume` runs the step again", task_id=bpmn_id)
 
 
 def _script_name(kind: str, bpmn_id: str) -> str:
