@@ -1817,7 +1817,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     snapshot_id = snapshot_id or snapshot_arg
 
     service = _service(store, as_json)
-    instance = _load(service.engine, instance_id, as_json)
+    instance = _acting_on(_load(service.engine, instance_id, as_json))
     ctx = _branch_context(service, instance, context_name, as_json) if context_name else None
     known = _snapshot_list(instance, ctx)
     where = f" context {ctx.name!r} of" if ctx is not None else ""

@@ -198,6 +198,10 @@ def test_snapshot_rollback_and_cancel(store: str) -> None:
     # the join waits for a person: main has open branches, so a rollback of main is refused, naming them
     code, refused, _ = cli_json("rollback", iid, "--store", store, "--snapshot", snap, "--layers", "L3")
     assert code == 2 and refused["status"] == "error" and "it_setup" in refused["error"]["message"]
+    # refused once it found the instance: the document shows the instance as it is, as resume's does
+    assert refused["error"]["instance_status"] == "waiting"
+    assert [w["id"] for w in refused["waiting_for"]] == ["provision_join/start_date"]
+    assert refused["layers"]["L1"] == HIRE and refused["tape_length"] > 0
     cli("resume", iid, "--store", store, "--answer", "provision_join/start_date=2026-02-02")
     snap = cli("snapshot", iid, "--store", store).stdout.strip()
     code, rolled, _ = cli_json("rollback", iid, "--store", store, "--snapshot", snap, "--layers", "L3")
