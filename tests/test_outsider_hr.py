@@ -136,8 +136,8 @@ def test_cli_walkthrough_every_step_and_every_reading_command(store: str, tmp_pa
     iid = doc["instance_id"]
 
     # one manager at a time, by the item's id; then the other by the BPMN id
-    code, doc, _ = cli_json("resume", iid, "--store", store, "--answer", f"{voters and doc['waiting_for'][0]['id']}"
-                            f"={json.dumps(APPROVE)}")
+    ann = doc["waiting_for"][0]["id"]
+    code, doc, _ = cli_json("resume", iid, "--store", store, "--answer", f"{ann}={json.dumps(APPROVE)}")
     assert code == 3 and [w["instance"] for w in doc["waiting_for"]] == [2]
     code, doc, _ = cli_json("resume", iid, "--store", store, "--answer", f"manager_approval={json.dumps(APPROVE)}")
     check_design_shape(doc)
@@ -167,8 +167,8 @@ def test_cli_walkthrough_every_step_and_every_reading_command(store: str, tmp_pa
         ("provision_join/start_date", "2026-02-09")]
     inspected = cli("inspect", iid, "--store", store, "--layer", "L3")
     assert inspected.returncode == 0 and "start_date" in inspected.stdout
-    split = [e for e in json.loads(cli("tape", iid, "--store", store, "--kind", "split", "--json").stdout)]
-    code, before, _ = cli_json("replay", iid, "--store", store, "--until", str(split[0]["seq"]))
+    [split] = json.loads(cli("tape", iid, "--store", store, "--kind", "split", "--json").stdout)
+    code, before, _ = cli_json("replay", iid, "--store", store, "--until", str(split["seq"]))
     assert code == 0 and "start_date" not in before["layers"]["L3"] and before["layers"]["L3"]["role_level"] == "senior"
     listed = json.loads(cli("list", "--store", store, "--json").stdout)
     assert [(i["instance_id"], i["status"]) for i in listed] == [(iid, "completed")]
