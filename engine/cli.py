@@ -666,9 +666,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
-        for notice in instance.notices:
+        for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
-        _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
@@ -847,51 +846,6 @@ def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], k
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
                      f"(it waits for: {listed}); it is kept for a later step")
-
-
-def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> None:
-    """A confirmation answer (`--answers` file) that names no confirmation the instance ever had is a
-    typo or meant for another process: say so on stderr, with what it does wait for."""
-    known: set[str] = set()
-    for c in instance.confirmations:
-        known.add(str(c.get("id")))
-        if c.get("gateway_id") and c.get("key") is not None:
-            known.add(f"{c['gateway_id']}/{c['key']}")
-    # the joins whose branches met: one that has not may still ask (the instance stopped before it)
-    joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
-    for key in keys:
-        if key != "*" and key not in known:
-            waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
-            gateway, _, context_key = key.partition("/")
-            asked = sorted({str(c["key"]) for c in instance.confirmations
-                            if c.get("gateway_id") == gateway and c.get("key") is not None})
-            settled = [c for c in instance.conflicts if c.get("gateway_id") == gateway
-                       and c.get("key") == context_key and c.get("resolution")]
-            if context_key and settled:
-                # the join met the conflict and settled it without a person (a policy rule, a strategy, the model)
-                how = settled[0]["resolution"]
-                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id}: join "
-                         f"{gateway!r} settled its conflict on {context_key!r} by {how.get('resolver')}: "
-                         f"{json.dumps(how.get('value'))} ({how.get('reason')}), without asking a person; it was not "
-                         f"used (the instance waits for: {waiting}); a `resume --set` or an `inject` corrects the "
-                         "value after the join")
-            elif context_key and (gateway in joined or asked):
-                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id}: join "
-                         f"{gateway!r} met no conflict on {context_key!r}"
-                         + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")
-                         + f"; it was not used (the instance waits for: {waiting})")
-            elif context_key and instance.status in ("waiting", "running"):
-                # a join of the process that may still ask (``_unmatchable_confirmations`` refused the rest)
-                steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
-                                          for w in instance.waiting_for})) or "nothing"
-                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} yet and was "
-                         f"not used: join {gateway!r} has not been reached (it waits at: {steps}); an answer is used "
-                         f"only by the run or resume it is given to: give it again to the `layerflow resume` that "
-                         f"reaches the join")
-            else:
-                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
-                         f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "
-                         f"as `waiting_for` names it")
 
 
 def _store_name(store: str | None) -> str:
@@ -1101,11 +1055,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
-        for notice in instance.notices:
+        for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
-        # --answer keys were named above already, against what the instance waited for
-        _answers_never_used(out, instance, [k for k in answers["confirmations"]
-                                             if k not in given and k not in answers["user_tasks"]])
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 

@@ -562,6 +562,9 @@ class Engine:
                     f"user task {item['task_id']!r}: the given answer was not used: the task no longer waits (it was "
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
                     f"first); the instance is {instance.status} now")
+        given_answers = (answers or {}).get("confirmations") or {}
+        instance.notices += never_used_answer_notices(
+            instance, [k for k in given_answers if k not in ((answers or {}).get("user_tasks") or {})])
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
         return instance
@@ -3157,6 +3160,56 @@ class _Fields(dict):  # type: ignore[type-arg]
         out = "" if value is ABSENT else thaw(value)
         self[key] = out
         return out
+
+
+def never_used_answer_notices(instance: Instance, keys: Iterable[str]) -> list[str]:
+    """The notices of the confirmation answers (keys of an answers document's ``confirmations``) that name
+    no confirmation the instance ever had: a typo, an answer for a join not reached yet, or for a conflict
+    the join settled without a person. ``Engine.run`` adds them to ``instance.notices``, so the CLI's
+    stderr, REST's ``notices`` and Python say the same."""
+    known: set[str] = set()
+    for c in instance.confirmations:
+        known.add(str(c.get("id")))
+        if c.get("gateway_id") and c.get("key") is not None:
+            known.add(f"{c['gateway_id']}/{c['key']}")
+    # the joins whose branches met: one that has not may still ask (the instance stopped before it)
+    joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
+    notices = []
+    for key in keys:
+        if key == "*" or key in known:
+            continue
+        waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
+        gateway, _, context_key = key.partition("/")
+        asked = sorted({str(c["key"]) for c in instance.confirmations
+                        if c.get("gateway_id") == gateway and c.get("key") is not None})
+        settled = [c for c in instance.conflicts if c.get("gateway_id") == gateway
+                   and c.get("key") == context_key and c.get("resolution")]
+        if context_key and settled:
+            # the join met the conflict and settled it without a person (a policy rule, a strategy, the model)
+            how = settled[0]["resolution"]
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id}: join {gateway!r} "
+                           f"settled its conflict on {context_key!r} by {how.get('resolver')}: "
+                           f"{json.dumps(how.get('value'))} ({how.get('reason')}), without asking a person; it was "
+                           f"not used (the instance waits for: {waiting}); a `resume --set` or an `inject` corrects "
+                           "the value after the join")
+        elif context_key and (gateway in joined or asked):
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id}: join {gateway!r} "
+                           f"met no conflict on {context_key!r}"
+                           + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")
+                           + f"; it was not used (the instance waits for: {waiting})")
+        elif context_key and instance.status in ("waiting", "running"):
+            # a join of the process that may still ask (``check_answer_keys`` refused the rest)
+            steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
+                                      for w in instance.waiting_for})) or "nothing"
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} yet and was not used: "
+                           f"join {gateway!r} has not been reached (it waits at: {steps}); an answer is used only by "
+                           "the run or resume it is given to: give it again to the `layerflow resume` that reaches "
+                           "the join")
+        else:
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} (it waits for: "
+                           f"{waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, as "
+                           "`waiting_for` names it")
+    return notices
 
 
 def _check_offline_answer(bpmn_id: str, cfg: ActivityExtensionConfig, result: Any) -> None:

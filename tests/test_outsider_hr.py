@@ -254,6 +254,18 @@ def test_an_answer_for_a_conflict_the_policy_settled_says_so(store: str) -> None
     assert "policy" in line and "new hires start restricted" in line and "not used" in line
 
 
+def test_the_python_api_names_an_unused_answer_as_the_cli_does() -> None:
+    """`instance.notices` (REST's `notices`) say what the CLI's stderr says of an answer no step used."""
+    from engine import Engine, load_process
+
+    instance = Engine("memory://").run(load_process(ONBOARDING), HIRE, answers={
+        "user_tasks": {"manager_approval": APPROVE},
+        "confirmations": {"provision_join/start_date": "2026-02-02", "provision_join/badge_level": "standard"}})
+    assert instance.status == "waiting"
+    [notice] = [n for n in instance.notices if "'provision_join/badge_level'" in n]
+    assert "settled its conflict on 'badge_level' by policy" in notice and "not used" in notice
+
+
 @pytest.mark.parametrize("edit, named", [
     (("reducers:", "reducer:"), "field 'reducer': unknown field; did you mean 'reducers'?"),
     (("{equipment: union}", "{equipment: unoin}"), "field 'reducers.equipment'"),
@@ -416,6 +428,11 @@ def test_rest_gives_the_cli_outcome_and_names_mistakes(server: httpx.Client) -> 
     doc = done.json()
     check_design_shape(doc)
     assert essence(doc) == ("completed", HIRE, {**EXPECTED_DATA}, EXPECTED_CONFLICTS)
+    answered = server.post("/api/instances", json={"process_id": "employee_onboarding", "data": HIRE, "answers": {
+        "user_tasks": {"manager_approval": APPROVE}, "confirmations": {"provision_join/badge_level": "standard"}}})
+    assert answered.status_code == 201 and [w["id"] for w in answered.json()["waiting_for"]] == [
+        "provision_join/start_date"]
+    assert any("'provision_join/badge_level'" in n and "by policy" in n for n in answered.json()["notices"])
     again = server.post(f"/api/instances/{iid}/resume", json={"answers": {"user_tasks": {"orientation": {}}}})
     assert again.status_code == 200 and again.json()["version"] == doc["version"]
     assert any("not used" in n for n in again.json()["notices"])
