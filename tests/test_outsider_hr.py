@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
-import sys
 import traceback
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta, timezone
@@ -36,7 +34,6 @@ HR = Path(__file__).resolve().parent / "outsider_hr"
 ONBOARDING = str(HR / "onboarding.bpmn")
 HIRING = str(HR / "hiring.bpmn")
 REDIS = "redis://127.0.0.1:6379/14"
-TOKEN = "hr-team-token"
 
 HIRE = {"employee_id": "E-100", "title": "Senior Accountant", "managers": ["ann", "bob"]}
 APPROVE = {"approval": {"approved": True}}
@@ -363,30 +360,10 @@ def test_python_api_and_call_activity_give_the_cli_outcome(store: str) -> None:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[httpx.Client]:
-    from tests.test_outsider_claims import free_port
+    from tests.test_outsider_claims import serving
 
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "LAYERFLOW_STORE"}
-    env.update(PYTHONPATH=str(ROOT), LAYERFLOW_API_TOKEN=TOKEN)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--catalog", str(HR), "--store", f"sqlite:///{tmp_path / 'served.db'}"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stderr is not None
-        seen = []
-        for line in process.stderr:
-            seen.append(line)
-            if "Application startup complete" in line:
-                break
-        else:
-            raise AssertionError("serve ended: " + "".join(seen))
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
-                          headers={"Authorization": f"Bearer {TOKEN}"}) as client:
-            yield client
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with serving(HR, tmp_path / "served.db") as client:
+        yield client
 
 
 def test_rest_gives_the_cli_outcome_and_names_mistakes(server: httpx.Client) -> None:
