@@ -666,7 +666,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
-        for notice in instance.notices:
+        for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
@@ -1055,7 +1055,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
-        for notice in instance.notices:
+        for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))

@@ -83,6 +83,7 @@ from gateways.policy import MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, option_value, short)
 from .gateway_steps import _deadline as confirmation_deadline
+from .answer import answer_problems
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, config_file_changes, config_file_section_changes
@@ -1358,8 +1359,8 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
 def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:
     """A notice for each confirmation answer of ``answers`` (the ``confirmations`` keys that are no
     user task's answer too) that names no confirmation ``instance`` ever had, as the run that was
-    given it leaves it: a join's context key misspelt (the join met no conflict on it), a join not
-    reached yet (the answer is used only by the run or resume it is given to), or a key of no join.
+    given it leaves it: a join's context key misspelt (the join met no conflict on it), a conflict the
+    join settled without a person (a policy rule, its mergeStrategy, the model), a join not reached yet (the answer is used only by the run or resume it is given to), or a key of no join.
     ``Engine.run`` adds them to ``instance.notices``: the CLI's stderr and REST's ``notices``."""
     answers = answers or {}
     tasks = answers.get("user_tasks") or {}
@@ -1379,7 +1380,17 @@ def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] |
         gateway, _, context_key = key.partition("/")
         asked = sorted({str(c["key"]) for c in instance.confirmations
                         if c.get("gateway_id") == gateway and c.get("key") is not None})
-        if context_key and (gateway in joined or asked):
+        settled = [c for c in instance.conflicts if c.get("gateway_id") == gateway
+                   and c.get("key") == context_key and c.get("resolution")]
+        if context_key and settled:
+            # the join met the conflict and settled it without a person (a policy rule, a strategy, the model)
+            how = settled[0]["resolution"]
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id}: join {gateway!r} "
+                           f"settled its conflict on {context_key!r} by {how.get('resolver')}: "
+                           f"{json.dumps(how.get('value'))} ({how.get('reason')}), without asking a person; it was "
+                           f"not used (the instance waits for: {waiting}); a `resume --set` or an `inject` corrects "
+                           "the value after the join")
+        elif context_key and (gateway in joined or asked):
             notices.append(f"answer {key!r} matches no confirmation of instance {instance.id}: join {gateway!r} met "
                            f"no conflict on {context_key!r}"
                            + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")
@@ -2754,7 +2765,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return None
         handler = self._handler_for(spec.bpmn_id, cfg)
         if handler is not None:
-            write_result(actx, handler(actx))
+            result = handler(actx)
+            if cfg is not None and cfg.llm is not None:
+                _check_offline_answer(spec.bpmn_id, cfg, result)
+            write_result(actx, result)
             if actx.data:
                 write_result(actx, actx.data)
             return None
@@ -3220,6 +3234,22 @@ class _Fields(dict):  # type: ignore[type-arg]
         out = "" if value is ABSENT else thaw(value)
         self[key] = out
         return out
+
+
+def _check_offline_answer(bpmn_id: str, cfg: ActivityExtensionConfig, result: Any) -> None:
+    """A model step's offline handler stands in for the model: its answer is held to the same contract
+    (llm.outputSchema / outputKeys), so a run without a model cannot pass what the model's run refuses."""
+    llm = cfg.llm
+    if llm is None or not isinstance(result, Mapping) or not (llm.output_schema or llm.output_keys):
+        return
+    problems = answer_problems(result, schema=llm.output_schema, keys=llm.output_keys)
+    if problems:
+        contract = "llm.outputSchema" if llm.output_schema else "llm.outputKeys"
+        by = f" ({cfg.handler})" if cfg.handler else ""
+        raise ActivityError(f"model step {bpmn_id!r} ran offline: the answer of its handler{by} does not meet its "
+                            f"{contract}: {'; '.join(problems)}; nothing of it was written. A model's answer would be "
+                            f"refused the same way: make the handler answer as {contract} says (or correct "
+                            f"{contract}), then `layerflow resume` runs the step again", task_id=bpmn_id)
 
 
 def _script_name(kind: str, bpmn_id: str) -> str:
