@@ -2378,8 +2378,12 @@ def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
         internal = ",".join(f"{_key_json(k)}:{_scalar_json(v)}" for k, v in task.internal_data.items()) \
             if task.internal_data else ""
         head, spec, tail = texts.fixed(task, has_parent, registry)
-        text = (f'{head}{children}],"last_state_change":{_scalar_json(task.last_state_change)},'
-                f'"state":{_scalar_json(task._state)},{spec}"triggered":{_scalar_json(task.triggered)},'
+        changed, state, triggered = task.last_state_change, task._state, task.triggered
+        # the usual types written here (a float time, an int state, a bool), the others by _scalar_json
+        text = (f'{head}{children}],"last_state_change":'
+                f'{repr(changed) if type(changed) is float and math.isfinite(changed) else _scalar_json(changed)},'
+                f'"state":{int.__repr__(state) if type(state) is int else _scalar_json(state)},{spec}'
+                f'"triggered":{("true" if triggered else "false") if type(triggered) is bool else _scalar_json(triggered)},'
                 f'"internal_data":{{{internal}}},"data":{{}},"delta":{delta}{tail}')
     except ValueError:
         return None
