@@ -2157,7 +2157,21 @@ SERIALIZER = _serializer()
 _ENCODER = create_encoder(SERIALIZER.registry)
 # One encoder (json.dumps builds one per call). Strict (no NaN): the text goes into stored
 # records as it is. Compact: it is stored after every activity.
-_ENCODE = _ENCODER(separators=(",", ":"), allow_nan=False).encode
+_STRICT = _ENCODER(separators=(",", ":"), allow_nan=False)
+# ... and its C part built once (``encode`` builds it at every call, which costs more than a
+# small head or task). It keeps no cycle check: a cycle ends in RecursionError, and ``encode``
+# then raises the ValueError that names it.
+_C_ENCODE: Any = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
+    None, _STRICT.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
+
+
+def _ENCODE(value: Any) -> str:
+    if _C_ENCODE is None or type(value) is str:
+        return _STRICT.encode(value)
+    try:
+        return "".join(_C_ENCODE(value, 0))
+    except RecursionError:
+        return _STRICT.encode(value)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 # spec -> (its shape, its JSON text in that shape): see _spec_shape
 _SPEC_JSON: "weakref.WeakKeyDictionary[Any, tuple[int, str]]" = weakref.WeakKeyDictionary()
