@@ -2161,17 +2161,18 @@ _STRICT = _ENCODER(separators=(",", ":"), allow_nan=False)
 # ... and its C part built once (``encode`` builds it at every call, which costs more than a
 # small head or task). It keeps no cycle check: a cycle ends in RecursionError, and ``encode``
 # then raises the ValueError that names it.
-_C_ENCODE: Any = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
+_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # CPython's; None elsewhere
+_C_ENCODE: Any = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
     None, _STRICT.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
 
 
 def _ENCODE(value: Any) -> str:
     if _C_ENCODE is None or type(value) is str:
-        return _STRICT.encode(value)
+        return str(_STRICT.encode(value))
     try:
         return "".join(_C_ENCODE(value, 0))
     except RecursionError:
-        return _STRICT.encode(value)
+        return str(_STRICT.encode(value))
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 # spec -> (its shape, its JSON text in that shape): see _spec_shape
 _SPEC_JSON: "weakref.WeakKeyDictionary[Any, tuple[int, str]]" = weakref.WeakKeyDictionary()
