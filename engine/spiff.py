@@ -127,6 +127,7 @@ from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
 from SpiffWorkflow.util.deep_merge import DeepMerge
 from SpiffWorkflow.util.task import TaskState
 
+from context_layers.canonical import fast_encode
 from context_layers.errors import ActivityError
 from gateways.conditions import python_source
 
@@ -2158,21 +2159,7 @@ _ENCODER = create_encoder(SERIALIZER.registry)
 # One encoder (json.dumps builds one per call). Strict (no NaN): the text goes into stored
 # records as it is. Compact: it is stored after every activity.
 _STRICT = _ENCODER(separators=(",", ":"), allow_nan=False)
-# ... and its C part built once (``encode`` builds it at every call, which costs more than a
-# small head or task). It keeps no cycle check: a cycle ends in RecursionError, and ``encode``
-# then raises the ValueError that names it.
-_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # CPython's; None elsewhere
-_C_ENCODE: Any = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
-    None, _STRICT.default, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, False)
-
-
-def _ENCODE(value: Any) -> str:
-    if _C_ENCODE is None or type(value) is str:
-        return str(_STRICT.encode(value))
-    try:
-        return "".join(_C_ENCODE(value, 0))
-    except RecursionError:
-        return str(_STRICT.encode(value))
+_ENCODE = fast_encode(_STRICT)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 # spec -> (its shape, its JSON text in that shape): see _spec_shape
 _SPEC_JSON: "weakref.WeakKeyDictionary[Any, tuple[int, str]]" = weakref.WeakKeyDictionary()

@@ -60,7 +60,7 @@ from json.encoder import encode_basestring
 from typing import Any, Protocol, TypedDict, runtime_checkable
 from urllib.parse import quote
 
-from ..canonical import json_equal
+from ..canonical import fast_encode, json_equal
 from ..errors import ContextKeyError, LayerflowError, VersionConflict
 from .tape_parts import PART_BYTES, PartWriter, fetch_parts
 
@@ -394,22 +394,9 @@ class Store(Protocol):
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-# ... and its C part, built once too: ``encode`` builds it anew at every call, which costs more
-# than encoding a record's few plain fields. It keeps no cycle check: a cycle ends in
-# RecursionError, and ``encode`` then raises the ValueError that names it.
-_C_MAKE_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)  # CPython's; None elsewhere
-_C_DUMPS: Any = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
-    None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON that keeps dict order (records and events are returned as given)."""
-    if _C_DUMPS is None:
-        return _ENCODER.encode(value)
-    try:
-        return "".join(_C_DUMPS(value, 0))
-    except RecursionError:
-        return _ENCODER.encode(value)
+#: Compact JSON that keeps dict order (records and events are returned as given); the
+#: encoder's C part built once (``canonical.fast_encode``)
+dumps = fast_encode(_ENCODER)
 
 
 def dumps_checked(value: Any, what: str) -> str:
