@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import marshal
 import re
 import time
 import traceback
@@ -3440,7 +3441,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
         "error": instance.error,
         "created": instance.created,
         "updated": instance.updated,
-        "engine": {
+        "engine": cache.parts.of(f"instance record {instance.id!r}['engine']", {
             "branches": instance.branches,
             # a run's checkpoint (status running) waits for nothing yet: what it started from is
             # answered or fired, and what it will wait for is known when it stops
@@ -3452,7 +3453,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
             "activities": instance.activities,
             "suspended": instance.suspended,
             "cancelled": instance.cancelled,
-        },
+        }),
         "process": _process_part(instance),
         "workflow": workflow,
         "contexts": {name: cache.context_part(ctx) for name, ctx in instance.contexts.items()},
@@ -3478,6 +3479,7 @@ class _RecordCache:
     context (a branch: the one it was forked from), as dicts and as JSON text."""
 
     def __init__(self) -> None:
+        self.parts = _UnchangedParts()
         self._contexts: dict[str, _CachedContext] = {}
         # snapshot id -> (snapshot, its JSON text): the branches of one split share the
         # snapshot they were forked from, and it is converted once
@@ -3507,6 +3509,42 @@ class _RecordCache:
                 cached.snapshots[snap.id] = known[1]
                 cached.snapshots_text = None
         return cached
+
+
+class _UnchangedParts:
+    """The JSON text of the engine's bookkeeping in a record (branches, conflicts, compressions,
+    ...), kept while it does not change: most saves change none of it, and its floats (attention
+    scores) make it dear to encode. Whether a part changed is told by its ``marshal`` bytes, an
+    exact picture of plain Python values (``1``, ``1.0`` and ``True`` differ, so do key orders and
+    a list changed in place) that costs a fraction of the JSON. A part marshal cannot take (a
+    frozen context value in a conflict, an enum) stays the value it is, encoded by the store."""
+
+    #: parts the stores read (``timer_due``: the timer index): kept values
+    READ_BY_STORES = frozenset({"waiting_for"})
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[bytes, JSONText]] = {}
+
+    def of(self, what: str, parts: dict[str, Any]) -> dict[str, Any]:
+        """``parts`` with each list or dict that is as it was at the last call as its JSON text
+        (the others encoded now, or left to the store); ``InvalidRecord`` naming ``what`` and the
+        part when one is not JSON."""
+        out: dict[str, Any] = {}
+        for name, value in parts.items():
+            if type(value) is not list and type(value) is not dict or not value or name in self.READ_BY_STORES:
+                out[name] = value  # a scalar, or empty: as cheap to encode as to compare
+                continue
+            try:
+                mark = marshal.dumps(value)
+            except ValueError:  # a type marshal does not know
+                self._known.pop(name, None)
+                out[name] = value
+                continue
+            known = self._known.get(name)
+            if known is None or known[0] != mark:
+                known = self._known[name] = (mark, json_text(value, f"{what}[{name!r}]"))
+            out[name] = known[1]
+        return out
 
 
 @dataclass

@@ -60,7 +60,7 @@ from json.encoder import encode_basestring
 from typing import Any, Protocol, TypedDict, runtime_checkable
 from urllib.parse import quote
 
-from ..canonical import json_equal
+from ..canonical import fast_encode, json_equal
 from ..errors import ContextKeyError, LayerflowError, VersionConflict
 from .tape_parts import PART_BYTES, PartWriter, fetch_parts
 
@@ -398,9 +398,9 @@ class Store(Protocol):
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON that keeps dict order (records and events are returned as given)."""
-    return _ENCODER.encode(value)
+#: Compact JSON that keeps dict order (records and events are returned as given); the
+#: encoder's C part built once (``canonical.fast_encode``)
+dumps = fast_encode(_ENCODER)
 
 
 def dumps_checked(value: Any, what: str) -> str:
@@ -588,13 +588,21 @@ def encode_record(record: Mapping[str, Any], what: str) -> str:
 
 def _encode_into(out: list[str], value: dict[Any, Any], what: str, path: tuple[Any, ...]) -> None:
     """Append the JSON text of ``value`` to ``out``: ``JSONText`` parts as they are, dicts that
-    hold some the same way, each run of other items in one encoder call, in order."""
+    hold some the same way, strings, ints, bools and None (a context head's fields) written
+    here, each run of other items in one encoder call, in order."""
     out.append("{")
     sep = ""
     plain: dict[Any, Any] = {}
+    scalars = _SCALAR_JSON
     for key, item in value.items():
-        if not (type(item) is JSONText or (type(item) is dict and _holds_text(item))):
-            plain[key] = item
+        kind = type(item)
+        if kind is not JSONText and not (kind is dict and _holds_text(item)):
+            scalar = scalars.get(kind) if type(key) is str and not plain else None
+            if scalar is None:
+                plain[key] = item  # for a few of them an encoder call costs more than the items
+            else:
+                out += (sep, encode_basestring(key), ":", scalar(item))
+                sep = ","
             continue
         if not isinstance(key, str):
             raise InvalidRecord(f"{_part(what, path)} has the key {key!r} before a JSON text part; keys are str")
@@ -605,7 +613,7 @@ def _encode_into(out: list[str], value: dict[Any, Any], what: str, path: tuple[A
             out.append(sep)
         out += (encode_basestring(key), ":")
         sep = ","
-        if isinstance(item, JSONText):
+        if kind is JSONText:
             out.append(item.text)
         else:
             _encode_into(out, item, what, (*path, key))
@@ -626,17 +634,7 @@ _SCALAR_JSON: dict[type, Callable[[Any], str]] = {
 
 
 def _plain_items(items: dict[Any, Any], what: str, path: tuple[Any, ...]) -> str:
-    """``"k":v,...`` for a run of items, or ``InvalidRecord`` naming where they are.
-    Strings, ints, bools and None (a context head's fields) are written here directly:
-    for a few of them an encoder call costs more than the items."""
-    texts = []
-    for key, value in items.items():
-        scalar = _SCALAR_JSON.get(type(value))
-        if scalar is None or type(key) is not str:
-            break
-        texts.append(f"{encode_basestring(key)}:{scalar(value)}")
-    else:
-        return ",".join(texts)
+    """``"k":v,...`` for a run of items, or ``InvalidRecord`` naming where they are."""
     try:
         return dumps(items)[1:-1]
     except (TypeError, ValueError):
