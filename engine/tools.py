@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from context_layers.canonical import json_equal
+from context_layers.canonical import freeze, json_equal
 from context_layers.context import LayeredContext
 from context_layers.errors import ContextKeyError, LayerflowError, ModelError
 from context_layers.hooks import RedactSetting, redact_for_model
@@ -132,6 +132,13 @@ def dispatch_tool(service: GovernanceService, instance_id: str, name: str, argum
             return _error("validation_error", f"arguments of {name} are not JSON: {err.msg} at {err.pos}")
     if arguments is not None and not isinstance(arguments, Mapping):
         return _error("validation_error", f"arguments of {name} must be a JSON object")
+    try:
+        # Python's JSON reader takes NaN and Infinity, which no context, tape or record can keep:
+        # an option valued NaN failed the instance's save, not the call
+        freeze(dict(arguments or {}))
+    except (TypeError, ValueError) as err:
+        return _error("validation_error", f"arguments of {name} are not plain JSON: {err}; send finite numbers "
+                      "and Unicode text only")
     try:
         args = model.model_validate(dict(arguments or {}))
         return _run(service, instance_id, name, args, actor=actor, ask=ask)
