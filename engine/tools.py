@@ -203,12 +203,14 @@ class LiveGovernance(GovernanceService):
     """
 
     def __init__(self, engine: Engine, instance: Instance, ctx: LayeredContext, *, activity_id: str,
-                 task: str | None = None) -> None:
+                 task: str | None = None, model: str | None = None, redact: RedactSetting = True) -> None:
         super().__init__(engine)
         self.instance = instance
         self.ctx = ctx
         self.activity_id = activity_id
         self.task = task
+        self.model = model
+        self.redact = redact
 
     def load(self, instance_id: str) -> Instance:
         if instance_id != self.instance.id:
@@ -234,8 +236,20 @@ class LiveGovernance(GovernanceService):
 
     def compress(self, instance_id: str, args: CompressArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
-        return super().compress(instance_id, _for_activity(args, self.activity_id),
-                                expected_version=expected_version, actor=actor)
+        args = _for_activity(args, self.activity_id)
+        if self.model is None or args.action != "compress" or self.context_of(self.instance, args.context) is not self.ctx:
+            return super().compress(instance_id, args, expected_version=expected_version, actor=actor)
+        # the step's model writes the summaries of the compression it asked for, as it does after the step
+        from .model_compression import model_summaries
+
+        cfg = self._config_of(self.instance, self.activity_id)
+        rules = self.compressor
+        self.compressor = model_summaries(self.ctx, task_id=self.activity_id, model=self.model,
+                                          llm_config=cfg.llm if cfg is not None else None, redact=self.redact)
+        try:
+            return super().compress(instance_id, args, expected_version=expected_version, actor=actor)
+        finally:
+            self.compressor = rules
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
                 actor: str = "operator", resolver: str = "human", by: str | None = None) -> dict[str, Any]:
