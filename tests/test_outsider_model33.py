@@ -248,7 +248,7 @@ def test_a_model_that_calls_tools_forever_is_stopped_naming_the_limit(fake: Any)
     failed = Engine("memory://", model="fake/model").run_process(load_process(GRANT), START)
     assert failed.status == "error" and failed.error["task_id"] == "screen", failed.error
     message = failed.error["message"]
-    assert f"{MAX_TOOL_TURNS} turns" in message and "llm.tools" in message, message
+    assert f"at most {MAX_TOOL_TURNS} turns of tool calls" in message and "llm.tools" in message, message
     assert len(_notes(failed, "tool_call")) == len(_notes(failed, "llm_call")) == MAX_TOOL_TURNS
     assert ("screen", "eligible") not in _writes(failed)            # nothing of an answer written
     assert failed.main.tape[-1].kind == "abort"
