@@ -24,7 +24,6 @@ def tool_call(cid: str, name: str, arguments: Any) -> dict[str, Any]:
 
 def kind_of(body: dict[str, Any]) -> str:
     messages = body["messages"]
-    first = str(messages[0].get("content") or "")
     last = str(messages[-1].get("content") or "")
     if "<entries><![CDATA[" in last:
         return "summary"
