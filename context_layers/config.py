@@ -258,6 +258,11 @@ class ConflictPolicy(_Model):
     policy_text: str | None = None
 
 
+# the longest a person's answer is waited for: a deadline past it (1e300 seconds) overflowed every
+# date it was shown as, failing the instance when it was saved or resumed, not the config or the call
+MAX_CONFIRM_TIMEOUT = 10 * 365.25 * 86400  # 10 years, in seconds
+
+
 class HumanConfirmConfig(_Model):
     """How a person is asked about a join conflict. ``message`` opens the question (the
     branches' values follow it); ``options`` (values, or ``{label, value}``) are offered
@@ -266,7 +271,7 @@ class HumanConfirmConfig(_Model):
 
     message: str | None = None
     options: list[Any] = Field(default_factory=list)
-    timeout: float = Field(default=300, gt=0)
+    timeout: float = Field(default=300, gt=0, le=MAX_CONFIRM_TIMEOUT)
     default: Any = None
     defaults: dict[str, Any] = Field(default_factory=dict)
     on_timeout: Literal["default", "escalate"] = "default"

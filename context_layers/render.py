@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .canonical import canonical_json
-from .context import MERGED_CONFLICTS_KEY, Entry, LayeredContext, SelectHook, View, run_hooks
+from .context import ENGINE_RECORD_PREFIXES, MERGED_CONFLICTS_KEY, Entry, LayeredContext, SelectHook, View, run_hooks
 from .layers import Layer
 from .markers import DELETED
 
@@ -366,6 +366,17 @@ def _xml_value(value: Any) -> tuple[str, str]:
     return ' type="json"', _cdata(_json(value))
 
 
+# the kinds of the engine's own records, each only under its key prefix: an object that calls itself
+# ``"kind": "compaction"`` (or "activity", "event") under another key is a person's or a model's data,
+# and its kind is no identity the model is told to trust (the value, in its CDATA, still says it)
+_RECORD_KIND_PREFIX = {prefix[:-1]: prefix for prefix in ENGINE_RECORD_PREFIXES}
+
+
+def _entry_kind(e: Entry) -> str:
+    prefix = _RECORD_KIND_PREFIX.get(e.kind)
+    return "data" if prefix is not None and not e.key.startswith(prefix) else e.kind
+
+
 def _kind_attr(kind: str) -> str:
     return "" if kind == "data" else _xml_attr("kind", kind)
 
@@ -387,7 +398,7 @@ def _as_hit(value: Any) -> bool:
 
 def _xml_entry(e: Entry, tag: str = "entry", revision: int | None = None) -> str:
     # The layer is an attribute of the section element (every section holds one layer).
-    attrs = _xml_attr("key", e.key) + _kind_attr(e.kind)
+    attrs = _xml_attr("key", e.key) + _kind_attr(_entry_kind(e))
     if revision is not None and revision > 1:
         attrs += f' revision="{revision}"'
     value = e.value
@@ -511,7 +522,7 @@ _JSON_RULES = (
 def _json_entry(e: Entry, revision: int | None = None) -> dict[str, Any]:
     # the layer is the section's; no kind means "data"
     out: dict[str, Any] = {"key": e.key, "value": e.value}
-    if e.kind != "data":
+    if _entry_kind(e) != "data":
         out["kind"] = e.kind
     if revision is not None and revision > 1:
         out["revision"] = revision
@@ -575,7 +586,7 @@ def _plain_entry(e: Entry, revision: int | None = None) -> str:
         conf = e.value.get("confidence")
         if isinstance(conf, (int, float)) and not isinstance(conf, bool):
             extra += f" confidence={_json(conf)}"
-    return f"{e.layer} {_json(e.key)} ({_plain_kind(e.kind)}){extra} = {_json(e.value)}"
+    return f"{e.layer} {_json(e.key)} ({_plain_kind(_entry_kind(e))}){extra} = {_json(e.value)}"
 
 
 def _plain_summary(e: Entry) -> str:

@@ -69,7 +69,8 @@ from context_layers import DELETED, Layer, LayeredContext, canonical_json, thaw
 from context_layers.canonical import freeze, json_equal, text_problem
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
 from context_layers.compression import HOOK_KEEP_RECENT, RuleDrivenCompressor, decompress, evaluate
-from context_layers.config import ActivityExtensionConfig, CompressRule, config_from_dict, format_validation_error
+from context_layers.config import (MAX_CONFIRM_TIMEOUT, ActivityExtensionConfig, _unclosed_bracket, CompressRule, config_from_dict,
+                                   format_validation_error)
 from context_layers.errors import (
     ActivityError,
     ConfigError,
@@ -401,6 +402,16 @@ class InspectFilter(_Args):
     key_prefix: str | None = Field(default=None, description="glob (`risk_*`) or plain prefix (`risk_`) of the keys to look at")
     modified_after: datetime | None = Field(default=None, description="ISO 8601 time; only keys changed later (naive = UTC)")
 
+    @field_validator("key_prefix")
+    @classmethod
+    def _check_glob(cls, pattern: str | None) -> str | None:
+        # as a compress rule's pattern: fnmatch reads an unclosed "[" as a literal, so "risk_[ab"
+        # matched no key, and a model read that the context holds none
+        if pattern is not None and _unclosed_bracket(pattern):
+            raise ValueError(f"glob {pattern!r} opens a character class with '[' and never closes it: close it "
+                             "with ']', or write '[[]' for a literal '['")
+        return pattern
+
 
 class InspectArgs(_Args):
     """context_inspect: per-layer statistics of an instance's context."""
@@ -615,7 +626,8 @@ class HumanConfirmArgs(_Args):
     type: str = Field(default="confirmation", min_length=1, description="e.g. conflict_resolution, compression_review")
     message: str = Field(min_length=1)
     options: list[ConfirmOption] = Field(min_length=1)
-    timeout: float | None = Field(default=None, gt=0, description="seconds until the default is taken")
+    timeout: float | None = Field(default=None, gt=0, le=MAX_CONFIRM_TIMEOUT,
+                                  description="seconds until the default is taken")
     default: Any = Field(default=None, description="the value taken when the timeout passes: one of the options' "
                                                    "values (or labels)")
 

@@ -913,7 +913,8 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         if turns >= max_turns:
             raise ModelCallFailed(
                 f"activity {task_id!r}: the model {endpoint.model!r} called tools in {turns} turns without giving "
-                "its answer; tighten llm.instructions or turn llm.tools off", task_id=task_id, model=endpoint.model,
+                f"its answer (a step's model takes at most {max_turns} turns of tool calls); tighten "
+                "llm.instructions or turn llm.tools off", task_id=task_id, model=endpoint.model,
                 api_base=endpoint.api_base, attempts=turns, cause=None)
         turns += 1
         result, history = caller.run_reply(history, check, task_id=task_id, on_attempt=record, tools=schemas)

@@ -51,7 +51,7 @@ from context_layers.summarize import ExtractiveSummarizer
 from .llm import Completion, LiteLLMPlanner, LiteLLMSummarizer, RetryPolicy, activity_request, call_recorder
 from .model_limits import ModelLimits, ModelLimitsError
 
-__all__ = ["ModelCompressor", "compress_after_activity"]
+__all__ = ["ModelCompressor", "compress_after_activity", "model_summaries"]
 
 PLAN_AGENT_SUFFIX = "#compression_plan"
 
@@ -176,3 +176,13 @@ def compress_after_activity(ctx: LayeredContext, config: ActivityExtensionConfig
                                  redact=config.redact if redact is None else redact,
                                  completion=completion, retry=retry, sleep=sleep, keep_recent=HOOK_KEEP_RECENT)
     return after_activity(ctx, config, actor=task_id, compressor=compressor)
+
+
+def model_summaries(ctx: LayeredContext, *, task_id: str, model: str, llm_config: LLMConfig | None = None,
+                    redact: RedactSetting = True) -> RuleDrivenCompressor:
+    """The compressor of a ``context_compress`` that a model step calls with its tools: the rules it
+    names run as they are (no plan is asked for: the step's model chose them), their summaries are the
+    model's, on the step's own request (the prefix its next turn shares), extractive only when the
+    model fails (``compression_model_failed``), as after the activity."""
+    owner = ModelCompressor(ctx, task_id=task_id, model=model, llm_config=llm_config, redact=redact)
+    return RuleDrivenCompressor(owner.summarizer, prefix=owner.request_prefix, keep_recent=HOOK_KEEP_RECENT)

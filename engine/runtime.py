@@ -2842,7 +2842,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
                        for c in inst.confirmations if c["id"] in waited}
             for cid in waited:
                 self.answers.pop(cid, None)  # read here; a join never asks for these
-        service = LiveGovernance(self.engine, inst, actx.context, activity_id=bpmn_id, task=key)
+        redact = self.process.redact_for(bpmn_id)
+        service = LiveGovernance(self.engine, inst, actx.context, activity_id=bpmn_id, task=key, model=model,
+                                 redact=redact)
 
         def dispatch(name: str, arguments: str) -> dict[str, Any]:
             return dispatch_tool(service, inst.id, name, arguments, actor=bpmn_id)
@@ -2851,7 +2853,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
             outcome = run_llm_tool_activity(actx.context, bpmn_id, cfg.llm, model=model, dispatch=dispatch,
                                             schemas=tool_schemas(), answers=answers,
                                             state=None if suspended is None else suspended["state"],
-                                            scoped=actx.scoped, redact=self.process.redact_for(bpmn_id))
+                                            scoped=actx.scoped, redact=redact)
         except ModelCallFailed:
             if suspended is not None:
                 # the person answered and then the model failed: the conversation stays where it

@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from context_layers.canonical import json_equal
+from context_layers.canonical import freeze, json_equal
 from context_layers.context import LayeredContext
 from context_layers.errors import ContextKeyError, LayerflowError, ModelError
 from context_layers.hooks import RedactSetting, redact_for_model
@@ -133,6 +133,13 @@ def dispatch_tool(service: GovernanceService, instance_id: str, name: str, argum
     if arguments is not None and not isinstance(arguments, Mapping):
         return _error("validation_error", f"arguments of {name} must be a JSON object")
     try:
+        # Python's JSON reader takes NaN and Infinity, which no context, tape or record can keep:
+        # an option valued NaN failed the instance's save, not the call
+        freeze(dict(arguments or {}))
+    except (TypeError, ValueError) as err:
+        return _error("validation_error", f"arguments of {name} are not plain JSON: {err}; send finite numbers "
+                      "and Unicode text only")
+    try:
         args = model.model_validate(dict(arguments or {}))
         return _run(service, instance_id, name, args, actor=actor, ask=ask)
     except ValidationError as err:
@@ -196,12 +203,14 @@ class LiveGovernance(GovernanceService):
     """
 
     def __init__(self, engine: Engine, instance: Instance, ctx: LayeredContext, *, activity_id: str,
-                 task: str | None = None) -> None:
+                 task: str | None = None, model: str | None = None, redact: RedactSetting = True) -> None:
         super().__init__(engine)
         self.instance = instance
         self.ctx = ctx
         self.activity_id = activity_id
         self.task = task
+        self.model = model
+        self.redact = redact
 
     def load(self, instance_id: str) -> Instance:
         if instance_id != self.instance.id:
@@ -227,8 +236,20 @@ class LiveGovernance(GovernanceService):
 
     def compress(self, instance_id: str, args: CompressArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
-        return super().compress(instance_id, _for_activity(args, self.activity_id),
-                                expected_version=expected_version, actor=actor)
+        args = _for_activity(args, self.activity_id)
+        if self.model is None or args.action != "compress" or self.context_of(self.instance, args.context) is not self.ctx:
+            return super().compress(instance_id, args, expected_version=expected_version, actor=actor)
+        # the step's model writes the summaries of the compression it asked for, as it does after the step
+        from .model_compression import model_summaries
+
+        cfg = self._config_of(self.instance, self.activity_id)
+        rules = self.compressor
+        self.compressor = model_summaries(self.ctx, task_id=self.activity_id, model=self.model,
+                                          llm_config=cfg.llm if cfg is not None else None, redact=self.redact)
+        try:
+            return super().compress(instance_id, args, expected_version=expected_version, actor=actor)
+        finally:
+            self.compressor = rules
 
     def resolve(self, instance_id: str, args: ResolveArgs, *, expected_version: int | None = None,
                 actor: str = "operator", resolver: str = "human", by: str | None = None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from context_layers import Layer, LayeredContext
+from context_layers.canonical import thaw
 from engine import Engine, load_process
 from engine.cli import main
 from engine.llm import activity_request, request_messages
@@ -66,6 +67,7 @@ def tool_reply(n: int, name: str, arguments: dict[str, Any]) -> Reply:
 
 
 DECIDE = Reply.text("<decide from the evaluation>")
+FOLD_SUMMARY = Reply.text("APP-7 passed every records check; the bakery sector grew with stable margins.")
 
 
 class DecidingStub(StubLLM):
@@ -114,7 +116,9 @@ def notes(ctx: LayeredContext, name: str) -> list[Any]:
                          ids=["density-improved-final-answer", "density-flat-human-confirm"])
 def test_the_seed_sequence_inside_an_llm_activity(tmp_path, stub, cli, preserve, confirm):
     bpmn = write_process(tmp_path, "tool_review", PROCESS, config(preserve))
-    stub.push(tool_reply(1, *INSPECT), tool_reply(2, *compress(preserve)), tool_reply(3, *EVALUATE), DECIDE)
+    # the compression the model asks for folds HISTORY: the model writes its summary (not a tool turn)
+    stub.push(tool_reply(1, *INSPECT), tool_reply(2, *compress(preserve)), FOLD_SUMMARY, tool_reply(3, *EVALUATE),
+              DECIDE)
     if confirm:
         stub.push(Reply.json({**DECISION, "reason": "a person kept the compression"}))
 
@@ -130,10 +134,10 @@ def test_the_seed_sequence_inside_an_llm_activity(tmp_path, stub, cli, preserve,
         assert asked["type"] == "compression_review" and asked["requested_by"] == "review" and asked["deadline"]
         held = engine.load(doc["instance_id"])
         assert held.main.current_activity == "review" and "decision" not in held.main
-        assert len(stub.requests) == 4
+        assert len(stub.requests) == 5
         code, doc = cli("resume", doc["instance_id"], "--model", MODEL, "--answer", "model:1=keep", "--json")
     assert code == 0 and doc["status"] == "completed", doc["error"]
-    assert len(stub.requests) == 5 if confirm else 4
+    assert len(stub.requests) == 6 if confirm else 5
 
     instance = engine.load(doc["instance_id"])
     ctx = instance.main
@@ -162,11 +166,16 @@ def test_the_seed_sequence_inside_an_llm_activity(tmp_path, stub, cli, preserve,
     assert ("risk_score" in ctx.layer(Layer.HISTORY)) is bool(preserve), "only a preserved key survives the fold"
 
     # every model request is on the tape, exactly as the server received it, with the tools offered
-    requests = stub.requests
     llm = notes(ctx, "llm_call")
-    assert len(llm) == len(requests) and all(c.data["status"] == "ok" for c in llm)
-    for call, received in zip(llm, requests):
+    assert len(llm) == len(stub.requests) and all(c.data["status"] == "ok" for c in llm)
+    for call, received in zip(llm, stub.requests):
         assert request_messages(ctx.tape, call.seq) == received["messages"]
+    # the fold's summary: the model's, asked on the step's own request, without the tools
+    [summary] = [r for r in stub.requests if "tools" not in r]
+    assert summary["messages"][:2] == stub.requests[0]["messages"][:2]
+    assert FOLD_SUMMARY.content in json.dumps(thaw(dict(ctx.layer(Layer.HISTORY))))
+    requests = [r for r in stub.requests if "tools" in r]
+    for call, received in zip([c for c in llm if c.data.get("tools")], requests):
         assert [t["function"]["name"] for t in received["tools"]] == list(TOOL_MODELS) == call.data["tools"]
     # the first request is the activity's normal request; each later one extends the one before
     process = load_process(bpmn)

@@ -312,11 +312,12 @@ def test_a_compression_made_by_the_tool_in_a_step_that_fails_is_listed_as_undone
     # compression as if it held (tokens_after 61 while vendor_notes is whole again)
     rule = {"pattern": "vendor_notes", "action": "summarize", "maxTokens": 10}
     with StubLLM() as stub:
+        # the rule's summary is the step's model's (a request of its own), then the step's next turn fails
         stub.push(_tool_reply(("c1", "context_compress", {"action": "compress", "compress_rules": [rule]})),
-                  Reply.error(500))
+                  SUMMARY, Reply.error(500))
         code, doc = _run(store, stub.url)
         assert (code, doc["status"]) == (1, "error"), doc
-        assert _tool_results(stub.requests[1])["c1"]["changed"] is True
+        assert "tools" not in stub.requests[1] and _tool_results(stub.requests[2])["c1"]["changed"] is True
         assert doc["layers"]["L3"]["vendor_notes"].startswith("Note 0: Acme")    # as intake wrote it
         [compression] = doc["compressions"]
         assert compression["undone"]["by"] == "abort" and compression["undone"]["task_id"] == "assess", compression
