@@ -1410,9 +1410,9 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     from .governance import InspectArgs
 
     out = _Out(as_json)
-    shown_layers = _layer_names(only_layers, as_json)
     service = _service(store, as_json)
-    instance = _load(service.engine, instance_id, as_json)
+    instance = _acting_on(_load(service.engine, instance_id, as_json))
+    shown_layers = _layer_names(only_layers, as_json)
     ctx = _branch_context(service, instance, context_name, as_json)
     activity = _last_activity(instance, ctx)
     if activity is not None and activity not in instance.process.element_ids():
@@ -1614,7 +1614,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
          branch: str | None, since: int | None, limit: int | None, store: str | None, as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json, create=False)
-    instance = _load(engine, instance_id, as_json)
+    instance = _acting_on(_load(engine, instance_id, as_json))
     if context_name:  # a context name or a branch id, as inspect and snapshot take it
         names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
     else:
@@ -1695,15 +1695,15 @@ def _note_detail(data: Mapping[str, Any]) -> str:
 def replay(instance_id: str, until_arg: int | None, until: int | None, context_name: str | None,
            store: str | None, as_json: bool) -> None:
     """The context as it was at a sequence number of its tape (default: its end), rebuilt from the tape."""
+    engine = _engine(store, None, _Out(as_json), as_json, create=False)
+    # found first: a refused sequence number shows the instance as it is (`--json`)
+    instance = _acting_on(_load(engine, instance_id, as_json))
     if until is not None and until_arg is not None and until != until_arg:
-        _fail(f"two sequence numbers given: {until_arg} and --until {until}; name one",
-              as_json=as_json, details={"instance_id": instance_id})
+        _fail(f"two sequence numbers given: {until_arg} and --until {until}; name one", as_json=as_json)
     until = until if until is not None else until_arg
     if until is not None and until < 0:
         _fail(f"--until {until}: a tape sequence number counts from 1 (0: before the first event); "
-              "`layerflow tape ID` lists them", as_json=as_json, details={"instance_id": instance_id})
-    engine = _engine(store, None, _Out(as_json), as_json, create=False)
-    instance = _load(engine, instance_id, as_json)
+              f"`layerflow tape {instance.id}` lists them", as_json=as_json)
     # a context name or a branch id, as inspect and snapshot take it
     ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)
     end = ctx.tape[-1].seq if len(ctx.tape) else 0
