@@ -1673,6 +1673,10 @@ _NOTE_FIELDS_BY_NOTE = {
     "governance": ("op", "layer", "keys", "reason"),
     "governance_denied": ("op", "key", "requested_layer", "effective_layer", "reason"),
     "config_change": ("activity_id", "config_version", "mode", "change", "reason"),
+    # a refused answer or payload: whose, and what was refused (a form's fields, an engine key)
+    "answer_refused": ("task_id", "instance", "key", "problems", "reason"),
+    "model_answer_refused": ("key", "reason"),
+    "event_refused": ("event", "caught_at", "key", "reason"),
     # what was looked up and found: a misspelt collection or template key finds nothing
     "retrieval": ("collections", "query", "kept", "dropped", "missing", "absent"),
 }
