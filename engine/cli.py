@@ -834,10 +834,16 @@ def _answer_keys(instance: Instance, answers: dict[str, Any], answer: tuple[str,
 
 def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], keys: list[str]) -> None:
     """An --answer for nothing the instance waits for is kept for later steps; say so on stderr (one
-    for a confirmation that was cancelled with its join is used by none: say that)."""
+    for a confirmation that was cancelled with its join is used by none: say that; one for a user task
+    done already is named after the resume, unless the task came back and took it)."""
+    from .runtime import passed_user_tasks
+
     waiting = _waiting_ids(instance)
     cancelled = {c["id"] for c in instance.confirmations if c.get("cancelled")}
+    passed = passed_user_tasks(instance, [k for k in keys if k in answers["user_tasks"]])
     for key in keys:
+        if key in passed:
+            continue  # ``Engine.run``'s notice, after the resume: ``passed_answer_notices``
         if key in cancelled:
             out.info(f"layerflow: --answer {key!r}: confirmation {key!r} of instance {instance.id} was cancelled "
                      "with its join (an interrupting event ended the activity or branch it was in): nobody asks it "

@@ -155,7 +155,7 @@ def test_an_answer_to_a_user_task_already_passed_is_named_unused_in_cli_rest_and
     instance = engine.resume(instance, answers={"user_tasks": {"draft": {"text": "v2"}}})
     assert [n for n in instance.notices if "'draft'" in n] == [
         f"answer 'draft' was not used: user task 'draft' of instance {instance.id} is done (it waits for: approve); "
-        "a step is answered by the run or resume it waits in: give an answer when its step waits"]
+        "an answer is used only by the run or resume in which its step waits"]
     import os
 
     with TestClient(create_app(os.environ["LAYERFLOW_STORE"], catalog, TOKEN)) as client:
