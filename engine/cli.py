@@ -279,6 +279,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                      f"for it): `layerflow send OTHER_ID{at} {shlex.quote(str(m['name']))}{signal}{payload}` delivers "
                      "it to an instance that does")
     for w in doc["waiting_for"]:
+        which = _which_instance(w)
         if w["kind"] == "confirmation":
             # the open one: a loop back through a join asks again under the same id, with new options
             same = [c for c in instance.confirmations if c["id"] == w["id"]]
@@ -287,6 +288,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
             how = f"--answer {shlex.quote(w['id'] + '=VALUE')}` (VALUE: {values})"  # a key may hold a space
             if w.get("escalated"):
                 how += " [escalated: no answer before the deadline]"
+        elif w["kind"] == "user_task" and which:  # this instance's answer; the BPMN id's answers them all
+            how = (f"--answer {w['id']}='{{...}}'` (a JSON object; --answer {w['task_id']}='{{...}}' answers every "
+                   "instance alike)")
         elif w["kind"] == "user_task":
             how = f"--answer {w['task_id']}='{{...}}'` (a JSON object)"
             form = w.get("form") or {}
@@ -298,7 +302,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                 how += f"; form {form['form_key']!r} ({form.get('source')})"
         elif w.get("event"):
             signal = " --signal" if w.get("event_kind") == "signal" else ""
-            lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
+            lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}{which}: "
                          f"`layerflow send {instance.id}{at} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
             continue
         elif w.get("never_fires"):
@@ -314,7 +318,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                          "a user task) instead; `layerflow validate` warns of it")
             continue
         elif w.get("event_kind") == "conditional":
-            lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
+            lines.append(f"  waiting at {w['task_id']}{which} until its condition {w['condition']!r} holds: change what it "
                          f"reads, `layerflow resume {instance.id}{at} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
                          "never changes)")
             continue
@@ -327,7 +331,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
         else:
             how = "` once the event has happened"
         nth = f" (round {w['round']})" if w.get("round") else ""  # a user task on a standard loop
-        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}{nth}: `layerflow resume {instance.id}{at}"
+        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}{nth}{which}: `layerflow resume {instance.id}{at}"
                      f"{'' if how.startswith('`') else ' '}{how}")
         for said in ("instructions", "documentation"):  # what the person is asked, as the BPMN says it
             text = w.get(said) if w["kind"] == "user_task" else None
@@ -342,6 +346,15 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
         out.console.print(Panel("\n".join(lines[1:]) or "-", title=lines[0], border_style=style), highlight=False)
     else:
         click.echo("\n".join(lines))
+
+
+def _which_instance(item: Mapping[str, Any]) -> str:
+    """Which line of a multi-instance activity a waiting item is (its ``instance``, from 1, and its
+    ``input`` item), as the plain summary names it; "" for an item of no such activity."""
+    if not item.get("instance"):
+        return ""
+    given = item.get("input") or {}
+    return f" (instance {item['instance']}" + "".join(f", {k} {_short(v, 40)}" for k, v in given.items()) + ")"
 
 
 # ----------------------------------------------------------------------------- inputs
