@@ -1369,8 +1369,8 @@ def passed_user_tasks(instance: Instance, keys: Iterable[str]) -> dict[str, str]
     waiting = {str(w[k]) for w in instance.waiting_for if w["kind"] == "user_task" for k in ("id", "task_id")
                if w.get(k)}
     done: dict[str, str] = {}
-    for task in instance.workflow.get_tasks(state=TaskState.COMPLETED):
-        if getattr(task.task_spec, "manual", False):
+    for task in instance.workflow.get_tasks():  # filtered by state, it skips finished sub-processes
+        if task.state == TaskState.COMPLETED and getattr(task.task_spec, "manual", False):
             bpmn_id = spiff.bpmn_id_of(task)
             done[str(task.id)] = done[bpmn_id] = bpmn_id
     return {key: done[key] for key in keys if key in done and key not in waiting}
@@ -1378,12 +1378,14 @@ def passed_user_tasks(instance: Instance, keys: Iterable[str]) -> dict[str, str]
 
 def passed_answer_notices(instance: Instance, passed: Mapping[str, str]) -> list[str]:
     """A notice for each answer of ``passed`` (``passed_user_tasks``) that the run did not use, as
-    ``unused_confirmation_notices`` names a confirmation answer's: the CLI's stderr, REST's ``notices``."""
+    ``unused_confirmation_notices`` names a confirmation answer's: the CLI's stderr, REST's ``notices``.
+    One whose task came back and waits again (a loop, left waiting by ``_answer_from``) has its notice."""
     steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
                               for w in instance.waiting_for})) or "nothing"
+    again = {str(w[k]) for w in instance.waiting_for if w["kind"] == "user_task" for k in ("id", "task_id")}
     return [f"answer {key!r} was not used: user task {task!r} of instance {instance.id} is done (it waits for: "
             f"{steps}); an answer is used only by the run or resume in which its step waits"
-            for key, task in passed.items()]
+            for key, task in passed.items() if key not in again]
 
 
 def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:

@@ -6,6 +6,7 @@ instance has passed is named as unused; a called config's ignored section is wor
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -14,27 +15,16 @@ import pytest
 from context_layers import LayeredContext
 from engine import Engine, load_process
 
-from engine_helpers import chain_bpmn, cli_in_a_tmp_store, run_json  # noqa: F401  (the `cli` fixture)
+from engine_helpers import chain_bpmn, cli_in_a_tmp_store, run_json
+
+cli = cli_in_a_tmp_store  # the "cli" fixture: the CLI in this process, on the test's own sqlite store
 
 TOKEN = "gaps32-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TWO_STEPS = ['<bpmn:userTask id="draft"/>', '<bpmn:userTask id="approve"/>']
-VOTE = """<?xml version="1.0" encoding="UTF-8"?>
-<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="t">
-  <bpmn:process id="vote" isExecutable="true">
-    <bpmn:startEvent id="start"/>
-    <bpmn:userTask id="cast">
-      <bpmn:multiInstanceLoopCharacteristics isSequential="false">
-        <bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef>
-        <bpmn:inputDataItem id="voter" name="voter"/>
-      </bpmn:multiInstanceLoopCharacteristics>
-    </bpmn:userTask>
-    <bpmn:endEvent id="end"/>
-    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="cast"/>
-    <bpmn:sequenceFlow id="f2" sourceRef="cast" targetRef="end"/>
-  </bpmn:process>
-</bpmn:definitions>
-"""
+CAST = ('<bpmn:userTask id="cast"><bpmn:multiInstanceLoopCharacteristics isSequential="false">'
+        '<bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef><bpmn:inputDataItem id="voter" name="voter"/>'
+        '</bpmn:multiInstanceLoopCharacteristics></bpmn:userTask>')
 
 
 def two_steps(folder: Path) -> Path:
@@ -95,10 +85,6 @@ def test_tape_kind_denied_lists_an_answers_refused_bookkeeping_keys_once_each(cl
         ("denied", None, "policy")]
     plain = cli("tape", iid, "--kind", "denied").stdout.splitlines()
     assert len(plain) == 3 and "task_id=\"draft\"" in plain[0] and "_mergedConflicts" in plain[0], plain
-    store = cli("list", "--json")  # the fixture's store: the same instances for REST
-    assert store.exit_code == 0
-    import os
-
     with TestClient(create_app(os.environ["LAYERFLOW_STORE"], catalog, TOKEN)) as client:
         rest = client.get(f"/api/instances/{iid}/tape", params={"kind": "denied"}, headers=AUTH).json()
     assert [(e["context"], e["seq"]) for e in rest["events"]] == [(e["context"], e["seq"]) for e in listed]
@@ -156,9 +142,7 @@ def test_an_answer_to_a_user_task_already_passed_is_named_unused_in_cli_rest_and
     assert [n for n in instance.notices if "'draft'" in n] == [
         f"answer 'draft' was not used: user task 'draft' of instance {instance.id} is done (it waits for: approve); "
         "an answer is used only by the run or resume in which its step waits"]
-    import os
-
-    with TestClient(create_app(os.environ["LAYERFLOW_STORE"], catalog, TOKEN)) as client:
+    with TestClient(create_app(os.environ["LAYERFLOW_STORE"], catalog, TOKEN)) as client:  # the CLI's store
         other = client.post("/api/instances", json={"process_id": "two_steps", "data": {}}, headers=AUTH).json()
         rid = other["instance_id"]
         client.post(f"/api/instances/{rid}/resume", json={"answers": {"user_tasks": {"draft": {"t": 1}}}},
@@ -201,7 +185,7 @@ def test_a_called_configs_ignored_system_section_is_worded_as_english(tmp_path: 
 def test_the_plain_waiting_lines_say_which_instance_of_a_multi_instance_activity_waits(cli: Any,
                                                                                         tmp_path: Path) -> None:
     path = tmp_path / "vote.bpmn"
-    path.write_text(VOTE, encoding="utf-8")
+    path.write_text(chain_bpmn("vote", [CAST]), encoding="utf-8")
     data = json.dumps({"voters": ["ann", "bob"]})
     doc = run_json(cli, "run", str(path), "--data", data, code=3)
     iid = doc["instance_id"]
