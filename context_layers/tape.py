@@ -21,7 +21,8 @@ from .markers import DELETED
 if TYPE_CHECKING:
     from .context import Snapshot
 
-__all__ = ["Event", "EventKind", "KIND_ALIASES", "Tape", "TAPE_FORMAT", "kind_names", "matches_kind"]
+__all__ = ["ENGINE_KEY_PREFIXES", "Event", "EventKind", "KIND_ALIASES", "Tape", "TAPE_FORMAT", "kind_names",
+           "matches_kind"]
 
 TAPE_FORMAT = 1
 
@@ -59,6 +60,16 @@ KIND_ALIASES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: the keys only the engine writes: ``_`` bookkeeping (a join's ``_mergedConflicts``, a branch's
+#: markers), HISTORY's records and KNOWLEDGE's retrieval hits (``kb:``). Nothing from outside the
+#: process (a person's or a model's answer, an event's payload, an inject) may write them
+ENGINE_KEY_PREFIXES = ("_", "activity:", "event:", "compaction:", "kb:")
+# Notes of an outside write of such a key, refused before it reached the context (no layer rule
+# refused it, so no ``denied`` event stands for it): the ``denied`` filter lists them. A layer's
+# refusal of an answer is its ``denied`` write; its note, naming the task, would list it twice.
+_REFUSED_WRITE_NOTES = frozenset({"answer_refused", "model_answer_refused", "event_refused"})
+
+
 def kind_names(kind: str | None) -> set[str] | None:
     """The kinds and notes an event filter ``kind`` finds: itself, DESIGN's name for it, its singular."""
     if kind is None:
@@ -73,11 +84,15 @@ def kind_names(kind: str | None) -> set[str] | None:
 def matches_kind(event: "Event", kinds: set[str]) -> bool:
     """Whether ``event`` is of one of ``kinds`` (``kind_names``): its kind, its note, or, for ``inject``,
     the ``governance`` note of an operator's inject (its writes are plain writes; the operator's other
-    operations have events of their own: a rollback's ``restore``, a compression's ``compress``)."""
+    operations have events of their own: a rollback's ``restore``, a compression's ``compress``); for
+    ``denied``, the refusal note of an answer's or a payload's engine key (``_REFUSED_WRITE_NOTES``)."""
     data = event.data or {}
     note = data.get("note")
+    key = data.get("key")
     return (event.kind in kinds or note in kinds
-            or ("inject" in kinds and note == "governance" and data.get("op") == "inject"))
+            or ("inject" in kinds and note == "governance" and data.get("op") == "inject")
+            or ("denied" in kinds and note in _REFUSED_WRITE_NOTES and isinstance(key, str)
+                and key.startswith(ENGINE_KEY_PREFIXES)))
 
 
 Change = tuple[int, str, Any]

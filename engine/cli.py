@@ -279,6 +279,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                      f"for it): `layerflow send OTHER_ID{at} {shlex.quote(str(m['name']))}{signal}{payload}` delivers "
                      "it to an instance that does")
     for w in doc["waiting_for"]:
+        which = _which_instance(w)
         if w["kind"] == "confirmation":
             # the open one: a loop back through a join asks again under the same id, with new options
             same = [c for c in instance.confirmations if c["id"] == w["id"]]
@@ -287,6 +288,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
             how = f"--answer {shlex.quote(w['id'] + '=VALUE')}` (VALUE: {values})"  # a key may hold a space
             if w.get("escalated"):
                 how += " [escalated: no answer before the deadline]"
+        elif w["kind"] == "user_task" and which:  # this instance's answer; the BPMN id's answers them all
+            how = (f"--answer {w['id']}='{{...}}'` (a JSON object; --answer {w['task_id']}='{{...}}' answers every "
+                   "instance alike)")
         elif w["kind"] == "user_task":
             how = f"--answer {w['task_id']}='{{...}}'` (a JSON object)"
             form = w.get("form") or {}
@@ -298,7 +302,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                 how += f"; form {form['form_key']!r} ({form.get('source')})"
         elif w.get("event"):
             signal = " --signal" if w.get("event_kind") == "signal" else ""
-            lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}: "
+            lines.append(f"  waiting for {w['event_kind']} {w['event']!r} at {w['task_id']}{which}: "
                          f"`layerflow send {instance.id}{at} {shlex.quote(w['event'])}{signal} --json-payload '{{...}}'`")
             continue
         elif w.get("never_fires"):
@@ -314,7 +318,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                          "a user task) instead; `layerflow validate` warns of it")
             continue
         elif w.get("event_kind") == "conditional":
-            lines.append(f"  waiting at {w['task_id']} until its condition {w['condition']!r} holds: change what it "
+            lines.append(f"  waiting at {w['task_id']}{which} until its condition {w['condition']!r} holds: change what it "
                          f"reads, `layerflow resume {instance.id}{at} --set KEY=VALUE` (a key PROCESS or SYSTEM fixed "
                          "never changes)")
             continue
@@ -327,7 +331,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
         else:
             how = "` once the event has happened"
         nth = f" (round {w['round']})" if w.get("round") else ""  # a user task on a standard loop
-        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}{nth}: `layerflow resume {instance.id}{at}"
+        lines.append(f"  waiting for {w['kind']} {w['id']} at {w['task_id']}{nth}{which}: `layerflow resume {instance.id}{at}"
                      f"{'' if how.startswith('`') else ' '}{how}")
         for said in ("instructions", "documentation"):  # what the person is asked, as the BPMN says it
             text = w.get(said) if w["kind"] == "user_task" else None
@@ -342,6 +346,15 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
         out.console.print(Panel("\n".join(lines[1:]) or "-", title=lines[0], border_style=style), highlight=False)
     else:
         click.echo("\n".join(lines))
+
+
+def _which_instance(item: Mapping[str, Any]) -> str:
+    """Which line of a multi-instance activity a waiting item is (its ``instance``, from 1, and its
+    ``input`` item), as the plain summary names it; "" for an item of no such activity."""
+    if not item.get("instance"):
+        return ""
+    given = item.get("input") or {}
+    return f" (instance {item['instance']}" + "".join(f", {k} {_short(v, 40)}" for k, v in given.items()) + ")"
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -834,10 +847,16 @@ def _answer_keys(instance: Instance, answers: dict[str, Any], answer: tuple[str,
 
 def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], keys: list[str]) -> None:
     """An --answer for nothing the instance waits for is kept for later steps; say so on stderr (one
-    for a confirmation that was cancelled with its join is used by none: say that)."""
+    for a confirmation that was cancelled with its join is used by none: say that; one for a user task
+    done already is named after the resume, unless the task came back and took it)."""
+    from .runtime import passed_user_tasks
+
     waiting = _waiting_ids(instance)
     cancelled = {c["id"] for c in instance.confirmations if c.get("cancelled")}
+    passed = passed_user_tasks(instance, [k for k in keys if k in answers["user_tasks"]])
     for key in keys:
+        if key in passed:
+            continue  # ``Engine.run``'s notice, after the resume: ``passed_answer_notices``
         if key in cancelled:
             out.info(f"layerflow: --answer {key!r}: confirmation {key!r} of instance {instance.id} was cancelled "
                      "with its join (an interrupting event ended the activity or branch it was in): nobody asks it "
@@ -1410,9 +1429,9 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     from .governance import InspectArgs
 
     out = _Out(as_json)
-    shown_layers = _layer_names(only_layers, as_json)
     service = _service(store, as_json)
-    instance = _load(service.engine, instance_id, as_json)
+    instance = _acting_on(_load(service.engine, instance_id, as_json))
+    shown_layers = _layer_names(only_layers, as_json)
     ctx = _branch_context(service, instance, context_name, as_json)
     activity = _last_activity(instance, ctx)
     if activity is not None and activity not in instance.process.element_ids():
@@ -1614,7 +1633,7 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
          branch: str | None, since: int | None, limit: int | None, store: str | None, as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json, create=False)
-    instance = _load(engine, instance_id, as_json)
+    instance = _acting_on(_load(engine, instance_id, as_json))
     if context_name:  # a context name or a branch id, as inspect and snapshot take it
         names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
     else:
@@ -1673,6 +1692,10 @@ _NOTE_FIELDS_BY_NOTE = {
     "governance": ("op", "layer", "keys", "reason"),
     "governance_denied": ("op", "key", "requested_layer", "effective_layer", "reason"),
     "config_change": ("activity_id", "config_version", "mode", "change", "reason"),
+    # a refused answer or payload: whose, and what was refused (a form's fields, an engine key)
+    "answer_refused": ("task_id", "instance", "key", "problems", "reason"),
+    "model_answer_refused": ("key", "reason"),
+    "event_refused": ("event", "caught_at", "key", "reason"),
     # what was looked up and found: a misspelt collection or template key finds nothing
     "retrieval": ("collections", "query", "kept", "dropped", "missing", "absent"),
 }
@@ -1695,15 +1718,15 @@ def _note_detail(data: Mapping[str, Any]) -> str:
 def replay(instance_id: str, until_arg: int | None, until: int | None, context_name: str | None,
            store: str | None, as_json: bool) -> None:
     """The context as it was at a sequence number of its tape (default: its end), rebuilt from the tape."""
+    engine = _engine(store, None, _Out(as_json), as_json, create=False)
+    # found first: a refused sequence number shows the instance as it is (`--json`)
+    instance = _acting_on(_load(engine, instance_id, as_json))
     if until is not None and until_arg is not None and until != until_arg:
-        _fail(f"two sequence numbers given: {until_arg} and --until {until}; name one",
-              as_json=as_json, details={"instance_id": instance_id})
+        _fail(f"two sequence numbers given: {until_arg} and --until {until}; name one", as_json=as_json)
     until = until if until is not None else until_arg
     if until is not None and until < 0:
         _fail(f"--until {until}: a tape sequence number counts from 1 (0: before the first event); "
-              "`layerflow tape ID` lists them", as_json=as_json, details={"instance_id": instance_id})
-    engine = _engine(store, None, _Out(as_json), as_json, create=False)
-    instance = _load(engine, instance_id, as_json)
+              f"`layerflow tape {instance.id}` lists them", as_json=as_json)
     # a context name or a branch id, as inspect and snapshot take it
     ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)
     end = ctx.tape[-1].seq if len(ctx.tape) else 0

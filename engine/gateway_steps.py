@@ -30,6 +30,7 @@ from context_layers.canonical import freeze
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import ENGINE_RECORD_PREFIXES as ENGINE_RECORDS
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
+from context_layers.tape import ENGINE_KEY_PREFIXES
 from context_layers.hooks import RedactSetting, redact_for_model
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.conditions import is_flow_sentence
@@ -120,7 +121,7 @@ def is_engine_key(key: str) -> bool:
     answer, start data, the payload of a message or signal sent to the instance, a model's answer).
     A ``kb:`` key from outside would stand in for the passage the retrieval found (reads go L0 to
     L5, and a join keeps the hit of higher confidence)."""
-    return key.startswith("_") or key.startswith(ENGINE_RECORD_PREFIXES) or key.startswith(RETRIEVAL_PREFIX)
+    return key.startswith(ENGINE_KEY_PREFIXES)
 
 
 def condition_context(ctx: LayeredContext, limit: int = 1000, *, redact: RedactSetting = False) -> dict[str, Any]:

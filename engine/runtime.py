@@ -528,7 +528,9 @@ class Engine:
         # the person who answered learns it was not used
         answered_for = [w for w in instance.waiting_for if w["kind"] == "user_task"
                         and _lookup_answer(answers, w) is not _NO_ANSWER]
-        used: set[str] = set()
+        # answers for user tasks done before this run: used only if one comes back (a loop)
+        passed = passed_user_tasks(instance, (answers or {}).get("user_tasks") or {})
+        used: set[str] = set()  # the waiting ids and BPMN ids of the user tasks answered
         try:
             while True:
                 rt.step()
@@ -564,6 +566,7 @@ class Engine:
                     f"user task {item['task_id']!r}: the given answer was not used: the task no longer waits (it was "
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
                     f"first); the instance is {instance.status} now")
+        instance.notices.extend(passed_answer_notices(instance, {k: t for k, t in passed.items() if k not in used}))
         instance.notices.extend(unused_confirmation_notices(instance, answers))
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
@@ -1091,7 +1094,7 @@ class Engine:
                     err.refused_answer = (item["id"], value)  # type: ignore[attr-defined]  # see all_or_nothing
                     raise
                 if used is not None:
-                    used.add(item["id"])
+                    used.update((item["id"], item["task_id"]))
             instance.status = "running"
             if item["kind"] == "user_task":
                 task.run()
@@ -1355,6 +1358,36 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
     return ({str(c["id"]) for c in instance.confirmations} | {str(c["request_id"]) for c in instance.confirmations
                                                               if c.get("request_id")}
             | {str(w["id"]) for w in instance.waiting_for if w.get("id")})
+
+
+def passed_user_tasks(instance: Instance, keys: Iterable[str]) -> dict[str, str]:
+    """The keys of ``keys`` (answers' ``user_tasks``: BPMN ids, ``waiting_for`` ids) that name a user
+    task ``instance`` has done and does not wait for now, each with the task's BPMN id. An answer is
+    used only by the run or resume it is given to, so one of these is used only when its task comes
+    back in that run (a loop); else ``passed_answer_notices`` names it."""
+    keys = [str(k) for k in keys]
+    if not keys:
+        return {}
+    waiting = {str(w[k]) for w in instance.waiting_for if w["kind"] == "user_task" for k in ("id", "task_id")
+               if w.get(k)}
+    done: dict[str, str] = {}
+    for task in instance.workflow.get_tasks():  # filtered by state, it skips finished sub-processes
+        if task.state == TaskState.COMPLETED and getattr(task.task_spec, "manual", False):
+            bpmn_id = spiff.bpmn_id_of(task)
+            done[str(task.id)] = done[bpmn_id] = bpmn_id
+    return {key: done[key] for key in keys if key in done and key not in waiting}
+
+
+def passed_answer_notices(instance: Instance, passed: Mapping[str, str]) -> list[str]:
+    """A notice for each answer of ``passed`` (``passed_user_tasks``) that the run did not use, as
+    ``unused_confirmation_notices`` names a confirmation answer's: the CLI's stderr, REST's ``notices``.
+    One whose task came back and waits again (a loop, left waiting by ``_answer_from``) has its notice."""
+    steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
+                              for w in instance.waiting_for})) or "nothing"
+    again = {str(w[k]) for w in instance.waiting_for if w["kind"] == "user_task" for k in ("id", "task_id")}
+    return [f"answer {key!r} was not used: user task {task!r} of instance {instance.id} is done (it waits for: "
+            f"{steps}); an answer is used only by the run or resume in which its step waits"
+            for key, task in passed.items() if key not in again]
 
 
 def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:

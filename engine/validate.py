@@ -622,8 +622,8 @@ class _Validator:
             self.problems.extend(called.problems)
             self._check_config_file(called, main)
             for section in [s for s, values in (("system", called.system), ("data_layers", called.data_layers)) if values]:
-                self.add("called_config_section_ignored", f"{section}: of a called process's config file is not read "
-                         f"(an instance's {section} come from its main process's config file); move it there",
+                self.add("called_config_section_ignored", f"{section}: of a called process's config file is not read: an instance's "
+                         f"{section}: section is read from its main process's config file only; move it there",
                          file=str(called.path), line=called.line_of(section), severity="warning", field=section)
         self._config_paths = [c.path for c in [config, *called_configs] if c is not None and c.path is not None]
         self._check_merges()
