@@ -32,7 +32,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from .canonical import MEMO_CHARS, FrozenDict, Memo, canonical_key, remember_value
-from .context import MERGED_CONFLICTS_KEY, TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key, names_tool_result
+from .context import (MERGED_CONFLICTS_KEY, TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key,
+                      layer_items, names_tool_result)
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
 from .tokens import count_value
@@ -143,10 +144,26 @@ class Scope:
                    preserved=frozenset(preserved), merged_conflicts=merged_conflicts)
 
 
+# ScopeEntry's slots, set directly: a scope is built after every activity, and the frozen
+# dataclass's __init__ (one object.__setattr__ per field) cost more than the rest of it
+_NEW = object.__new__
+_SET_LAYER, _SET_KEY, _SET_VALUE, _SET_TOKENS = (ScopeEntry.__dict__[f].__set__ for f in ("layer", "key", "value", "tokens"))
+
+
+def _scope_entry(layer: Layer, key: str, value: Any, tokens: int) -> ScopeEntry:
+    """``ScopeEntry(layer, key, value, tokens)``, built faster (the same object)."""
+    e = _NEW(ScopeEntry)
+    _SET_LAYER(e, layer)
+    _SET_KEY(e, key)
+    _SET_VALUE(e, value)
+    _SET_TOKENS(e, tokens)
+    return e
+
+
 def _layer_entries(source: LayeredContext | Snapshot, layer: Layer) -> tuple[ScopeEntry, ...]:
-    view = source.layer(layer)
     if isinstance(source, LayeredContext):
-        return tuple(ScopeEntry(layer, k, view[k], source.key_tokens(layer, k)) for k in view)
+        return tuple([_scope_entry(layer, k, v, n) for k, v, n in layer_items(source, layer)])
+    view = source.layer(layer)
     # Snapshots keep their token counts in their state; recount if a future state lacks them.
     counts = getattr(getattr(source, "state", None), "tokens", None)
     table = counts[layer] if counts is not None else {}
@@ -191,24 +208,41 @@ class Segments:
         return frozenset(self.records[-n:]) if n > 0 else frozenset()
 
 
+_PLAIN, _RECORD, _COMPRESSOR = 0, 1, 2
+
+
 def segment_history(history: Sequence[tuple[str, Any]]) -> Segments:
-    # scored after every activity: classify each entry once
-    marked = [(k, v, is_activity_record(k, v)) for k, v in history]
-    records = [k for k, _, is_record in marked if is_record]
+    # scored after every activity: classify each entry once, in one test per entry
+    # (``is_compressor_record`` first, then ``is_activity_record``, as the owner rule reads)
+    marked: list[tuple[str, int]] = []
+    records: list[str] = []
     listed: dict[str, str] = {}
-    for k, v, is_record in marked:
-        if is_record:
-            keys = v.get("keys") if isinstance(v, dict) else None
-            if isinstance(keys, list):
-                for written in keys:
-                    if isinstance(written, str):
-                        listed[written] = k
+    for k, v in history:
+        if isinstance(v, dict):
+            if k.startswith("compaction:") or v.get("_compressed") == "count_only":
+                marked.append((k, _COMPRESSOR))
+                is_record = k.startswith("activity:") and v.get("kind") == "activity"
+            elif k.startswith("activity:") and v.get("kind") == "activity":
+                marked.append((k, _RECORD))
+                is_record = True
+            else:
+                marked.append((k, _PLAIN))
+                continue
+            if is_record:  # a compressor record may be an activity record too: it still lists its keys
+                records.append(k)
+                keys = v.get("keys")
+                if isinstance(keys, list):
+                    for written in keys:
+                        if isinstance(written, str):
+                            listed[written] = k
+        else:
+            marked.append((k, _COMPRESSOR if k.startswith("compaction:") else _PLAIN))
     owner: dict[str, str | None] = {}
     following: str | None = None
-    for k, v, is_record in reversed(marked):
-        if is_compressor_record(k, v):
+    for k, mark in reversed(marked):
+        if mark == _COMPRESSOR:
             owner[k] = COMPACTED
-        elif is_record:
+        elif mark == _RECORD:
             owner[k] = k
             following = k
         else:
@@ -239,7 +273,8 @@ def density(scope: Scope) -> float:
 
 
 def _redundancy(scope: Scope) -> tuple[float, dict[str, Any]]:
-    entries = [e for e in scope.entries if not is_compressed(e.key, e.value)]
+    entries = [e for e in scope.entries  # is_compressed, inlined
+               if not (e.key.startswith("compaction:") or (isinstance(e.value, dict) and "_compressed" in e.value))]
     clusters = near_duplicate_clusters(word_sets((e.key, e.value) for e in entries))
     counted = clusters.counted
     value = clusters.redundant / counted if counted > 1 else 0.0
@@ -452,8 +487,18 @@ def classify_tool_entries(entries: Iterable[tuple[str, Any]]) -> ToolReport:
     results: list[tuple[str, Any]] = []
     calls: list[tuple[str, Any]] = []
     for k, v in entries:
-        if is_tool_entry(k, v) and not is_compressed(k, v):
-            (calls if entry_kind(k, v) == "tool_call" else results).append((k, v))
+        # is_tool_entry and not is_compressed, with the entry's kind read once
+        if isinstance(v, dict):
+            kind = v.get("kind")
+            if not isinstance(kind, str):
+                kind = "data"
+            if not (k.startswith("tool:") or kind in _TOOL_KINDS or (kind == "data" and names_tool_result(k))):
+                continue
+            if "_compressed" in v or k.startswith("compaction:"):
+                continue
+            (calls if kind == "tool_call" else results).append((k, v))
+        elif names_tool_result(k) and not k.startswith("compaction:"):
+            results.append((k, v))
     answered: set[str] = set()
     for _, v in results:
         answered |= _call_ids(v)

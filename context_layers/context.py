@@ -24,7 +24,7 @@ from .canonical import FrozenDict, canonical_json, freeze, key_problem, thaw
 from .errors import ContextKeyError, ContextValueError, ContextWriteDenied, LayerflowError
 from .layers import Layer
 from .markers import DELETED
-from .tape import TAPE_FORMAT, Change, Event, EventKind, Tape
+from .tape import TAPE_FORMAT, Change, Event, EventKind, Tape, new_event
 from .tokens import DEFAULT_ENCODING, count_value
 
 __all__ = ["BRANCH_MARKERS", "MERGED_CONFLICTS_KEY", "LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind",
@@ -63,6 +63,8 @@ def names_tool_result(key: str) -> bool:
     """Whether a key says its entry is a tool's result: a ``tool:`` record (DESIGN.md's HISTORY
     records), or a key that is, or begins up to a separator, ``tool_call_result``/``tool_result``
     (as a compress rule's plain-word pattern matches it: ``tool_call_result_1``)."""
+    if not key.startswith("tool"):  # every name it may be (``tool:``, TOOL_RESULT_KINDS) begins so
+        return False
     if key.startswith("tool:"):
         return True
     return any(key == name or key_begins(key, name) for name in TOOL_RESULT_KINDS)
@@ -168,6 +170,21 @@ class Snapshot:
 
     def key_tokens(self, layer: Layer | int | str, key: str) -> int:
         return self.state.tokens[Layer.parse(layer)][key]
+
+
+_SNAPSHOT_SLOTS = tuple(Snapshot.__dict__[f].__set__ for f in ("id", "context", "seq", "state", "label"))
+
+
+def _new_snapshot(sid: str, context: str, seq: int, state: _State, label: str | None) -> Snapshot:
+    """``Snapshot(...)`` built by setting its slots (see ``tape.new_event``): every activity takes one."""
+    snap = object.__new__(Snapshot)
+    s_id, s_context, s_seq, s_state, s_label = _SNAPSHOT_SLOTS
+    s_id(snap, sid)
+    s_context(snap, context)
+    s_seq(snap, seq)
+    s_state(snap, state)
+    s_label(snap, label)
+    return snap
 
 
 class LayerView(Mapping[str, Any]):
@@ -615,8 +632,8 @@ class LayeredContext:
         preserve = [k for k in dict.fromkeys(preserve_keys) if k not in s.preserved]
         self._emit(EventKind.COMPLETE, actor or task_id, changes=changes, activity=task_id,
                    data={"task_id": task_id, "record_key": record_key, "status": status, "preserve": preserve})
-        out: dict[str, Any] = thaw(record)
-        return out
+        # thaw(record), without a call for each of its scalars (the keys are strings)
+        return {k: thaw(v) if isinstance(v, (dict, list)) else v for k, v in record.items()}
 
     def _written_tokens(self, key: str) -> int:
         """Tokens of ``key``'s value as an activity leaves it: WORKING's, which moves into HISTORY,
@@ -730,9 +747,8 @@ class LayeredContext:
                 frozen = freeze(data if type(data) is dict else dict(data))
             except ValueError as err:  # a label, reason or note that no tape can carry (NaN, a lone surrogate)
                 raise ContextValueError(f"{kind.value} event data", str(err)) from None
-        event = Event(seq=seq, kind=kind, time=self.clock(), actor=actor,
-                      activity=activity if activity is not None else self._state.activity,
-                      branch=self.branch_id, changes=tuple(changes), data=frozen, snapshot=snapshot)
+        event = new_event(seq, kind, self.clock(), actor, activity if activity is not None else self._state.activity,
+                          self.branch_id, tuple(changes), frozen, snapshot)
         self._state = self._apply(self._state, event)
         self._tape._append(event)
         return event
@@ -758,8 +774,10 @@ class LayeredContext:
                 s = s._replace(activity_keys=was.activity_keys)
         if e.changes:
             s = self._apply_changes(s, e.changes, e.seq)
+        # _State(...) rather than s._replace(...) below: NamedTuple's _replace costs more than the rest
         if e.kind == EventKind.BEGIN:
-            s = s._replace(activity=e.data["task_id"], activity_keys=_EMPTY, begin_snapshot=e.data["snapshot_id"])
+            s = _State(s.layers, s.tokens, s.totals, s.preserved, s.counter, e.data["task_id"], _EMPTY,
+                       e.data["snapshot_id"], s.iterations)
         elif e.kind in _ONE_KEY and s.activity is not None:
             key = e.changes[0][1]
             if key not in s.activity_keys:
@@ -769,8 +787,8 @@ class LayeredContext:
             task_id = e.data["task_id"]
             record_key = e.data["record_key"]
             n = int(record_key.rsplit("#", 1)[1]) if "#" in record_key else 1
-            s = s._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None,
-                        iterations=s.iterations.set(task_id, n))
+            s = _State(s.layers, s.tokens, s.totals, s.preserved, s.counter, None, _EMPTY, None,
+                       s.iterations.set(task_id, n))
         elif e.kind == EventKind.ABORT:
             s = s._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None)
         preserve = e.data.get("preserve") if e.data else None
@@ -778,10 +796,11 @@ class LayeredContext:
             with s.preserved.mutate() as m:
                 for k in preserve:
                     m[k] = True
-                s = s._replace(preserved=m.finish())
+                s = _State(s.layers, s.tokens, s.totals, m.finish(), s.counter, s.activity, s.activity_keys,
+                           s.begin_snapshot, s.iterations)
         if e.kind in _TAKES_SNAPSHOT:
             sid = e.data["snapshot_id"]
-            self._snapshots[sid] = Snapshot(id=sid, context=self.name, seq=e.seq, state=s, label=e.data.get("label"))
+            self._snapshots[sid] = _new_snapshot(sid, self.name, e.seq, s, e.data.get("label"))
         return s
 
     def _apply_changes(self, s: _State, changes: Iterable[Change], seq: int) -> _State:
@@ -955,6 +974,19 @@ class LayeredContext:
         events = [Event.from_dict(d, snapshot=foreign.get((d.get("data") or {}).get("snapshot_id")))
                   for d in data["tape"]]
         return cls.replay(events, name=data["name"], encoding=encoding)
+
+
+def layer_items(source: "LayeredContext | Snapshot", layer: Layer) -> list[tuple[str, Any, int]]:
+    """``(key, value, tokens)`` of one layer of a context or snapshot, in insertion order: what
+    ``layer(...)`` and ``key_tokens`` give key by key, read from the state in one pass (the
+    attention scope is built from it after every activity)."""
+    state = source._state if isinstance(source, LayeredContext) else source.state
+    tokens = state.tokens[layer]
+    return [(key, slot[2], tokens[key]) for key, slot in sorted(state.layers[layer].items(), key=_slot_order)]
+
+
+def _slot_order(item: tuple[str, Slot]) -> int:
+    return item[1][0]
 
 
 def _default_summary(task_id: str, status: str, keys: list[str]) -> str:
