@@ -547,11 +547,14 @@ class LayeredContext:
     # ----- privileged operations (engine, gateways, compressor) -------------------------
 
     def apply_changes(self, changes: Iterable[tuple[Layer | int, str, Any]], *, kind: str, actor: str,
-                      data: Mapping[str, Any] | None = None) -> Event:
+                      data: Mapping[str, Any] | None = None, tokens: Mapping[int, int] | None = None) -> Event:
         """Apply engine changes without permission checks (join results, compression).
 
         SYSTEM can never change; PROCESS only gains keys. Values are validated first:
-        nothing is applied if one of them is not JSON-compatible.
+        nothing is applied if one of them is not JSON-compatible. ``tokens``: token counts
+        the caller knows already, by ``id`` of the (frozen) values it passes, which stay alive
+        in ``changes`` for the call (the compressor counted every value it made); a value
+        not in it is counted here.
         """
         checked: list[Change] = []
         for layer, key, value in changes:
@@ -562,7 +565,7 @@ class LayeredContext:
             if layer == Layer.PROCESS and (value is DELETED or key in self._state.layers[Layer.PROCESS]):
                 raise ContextWriteDenied(key, layer, layer, "L1 PROCESS is append-only")
             checked.append((layer, key, value if value is DELETED else self._freeze(key, value)))
-        return self._emit(EventKind.CHANGES, actor, changes=checked, data={"note": kind, **(data or {})})
+        return self._emit(EventKind.CHANGES, actor, changes=checked, data={"note": kind, **(data or {})}, tokens=tokens)
 
     def record(self, kind: str, *, actor: str, data: Mapping[str, Any] | None = None) -> Event:
         """Append an event that changes no state (split, conflict, resolution, model call, ...)."""
@@ -736,7 +739,8 @@ class LayeredContext:
     # ----- the one state transition ------------------------------------------------------
 
     def _emit(self, kind: EventKind, actor: str, *, changes: Iterable[Change] = (), data: Mapping[str, Any] | None = None,
-              activity: str | None = None, snapshot: Snapshot | None = None) -> Event:
+              activity: str | None = None, snapshot: Snapshot | None = None,
+              tokens: Mapping[int, int] | None = None) -> Event:
         seq = self._tape.next_seq
         if kind in _TAKES_SNAPSHOT:
             data = {**(data or {}), "snapshot_id": self.next_snapshot_id}
@@ -749,11 +753,11 @@ class LayeredContext:
                 raise ContextValueError(f"{kind.value} event data", str(err)) from None
         event = new_event(seq, kind, self.clock(), actor, activity if activity is not None else self._state.activity,
                           self.branch_id, tuple(changes), frozen, snapshot)
-        self._state = self._apply(self._state, event)
+        self._state = self._apply(self._state, event, tokens)
         self._tape._append(event)
         return event
 
-    def _apply(self, s: _State, e: Event) -> _State:
+    def _apply(self, s: _State, e: Event, counted: Mapping[int, int] | None = None) -> _State:
         if e.kind == EventKind.FORK:
             base = e.snapshot.state if e.snapshot is not None else _State.empty()
             s = base._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None, counter=max(base.counter, s.counter),
@@ -773,7 +777,7 @@ class LayeredContext:
                 # so its record at completion names only the keys it still holds
                 s = s._replace(activity_keys=was.activity_keys)
         if e.changes:
-            s = self._apply_changes(s, e.changes, e.seq)
+            s = self._apply_changes(s, e.changes, e.seq, counted)
         # _State(...) rather than s._replace(...) below: NamedTuple's _replace costs more than the rest
         if e.kind == EventKind.BEGIN:
             s = _State(s.layers, s.tokens, s.totals, s.preserved, s.counter, e.data["task_id"], _EMPTY,
@@ -803,15 +807,16 @@ class LayeredContext:
             self._snapshots[sid] = _new_snapshot(sid, self.name, e.seq, s, e.data.get("label"))
         return s
 
-    def _apply_changes(self, s: _State, changes: Iterable[Change], seq: int) -> _State:
-        if type(changes) is tuple and len(changes) == 1 and changes[0][2] is not DELETED:
+    def _apply_changes(self, s: _State, changes: Iterable[Change], seq: int,
+                       counted: Mapping[int, int] | None = None) -> _State:
+        if type(changes) is tuple and len(changes) == 1 and changes[0][2] is not DELETED and not counted:
             return self._apply_one(s, changes[0], seq)
         layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
         counter = s.counter
         touched: dict[int, tuple[Any, Any]] = {}
         # a value moved between layers (WORKING -> HISTORY) is the same frozen object:
         # its token count is known, keyed by identity while both are alive in this call
-        known: dict[int, int] = {}
+        known: dict[int, int] = dict(counted) if counted else {}
         for layer, key, value in changes:
             if layer not in touched:
                 touched[layer] = (layers[layer].mutate(), tokens[layer].mutate())
