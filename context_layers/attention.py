@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .canonical import MEMO_CHARS, FrozenDict, Memo, canonical_key, remember_value
 from .context import (MERGED_CONFLICTS_KEY, TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key,
@@ -38,15 +38,15 @@ from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
 from .tokens import count_value
 
+from .config import ActivityExtensionConfig, as_config
+
 if TYPE_CHECKING:
-    from .config import ActivityExtensionConfig, AttentionThresholds
+    from .config import AttentionThresholds
 
 
 def _as_config(config: "ActivityExtensionConfig | Mapping[str, Any] | None") -> ActivityExtensionConfig:
     """The config as given, or its JSON form validated (as the seed writes it)."""
-    from .config import as_config
-
-    return as_config(config)
+    return config if type(config) is ActivityExtensionConfig else as_config(config)
 
 
 __all__ = [
@@ -84,8 +84,10 @@ FIRE_BELOW = frozenset({"density", "decay", "toolEfficiency"})
 # ----- the scope ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ScopeEntry:
+class ScopeEntry(NamedTuple):
+    """One scope entry: its layer, key, (frozen) value and token count. A named tuple: a scope is
+    built after every activity, and a frozen dataclass took longer to build than the rest of it."""
+
     layer: Layer
     key: str
     value: Any
@@ -144,25 +146,13 @@ class Scope:
                    preserved=frozenset(preserved), merged_conflicts=merged_conflicts)
 
 
-# ScopeEntry's slots, set directly: a scope is built after every activity, and the frozen
-# dataclass's __init__ (one object.__setattr__ per field) cost more than the rest of it
-_NEW = object.__new__
-_SET_LAYER, _SET_KEY, _SET_VALUE, _SET_TOKENS = (ScopeEntry.__dict__[f].__set__ for f in ("layer", "key", "value", "tokens"))
-
-
-def _scope_entry(layer: Layer, key: str, value: Any, tokens: int) -> ScopeEntry:
-    """``ScopeEntry(layer, key, value, tokens)``, built faster (the same object)."""
-    e = _NEW(ScopeEntry)
-    _SET_LAYER(e, layer)
-    _SET_KEY(e, key)
-    _SET_VALUE(e, value)
-    _SET_TOKENS(e, tokens)
-    return e
+_TUPLE_NEW = tuple.__new__
 
 
 def _layer_entries(source: LayeredContext | Snapshot, layer: Layer) -> tuple[ScopeEntry, ...]:
     if isinstance(source, LayeredContext):
-        return tuple([_scope_entry(layer, k, v, n) for k, v, n in layer_items(source, layer)])
+        # ScopeEntry(layer, k, v, n), without the named tuple's own __new__ (a call more per entry)
+        return tuple([_TUPLE_NEW(ScopeEntry, (layer, k, v, n)) for k, v, n in layer_items(source, layer)])
     view = source.layer(layer)
     # Snapshots keep their token counts in their state; recount if a future state lacks them.
     counts = getattr(getattr(source, "state", None), "tokens", None)
@@ -171,11 +161,8 @@ def _layer_entries(source: LayeredContext | Snapshot, layer: Layer) -> tuple[Sco
 
 
 def _resolve(source: LayeredContext | Snapshot, key: str) -> Any:
-    for layer in Layer:
-        view = source.layer(layer)
-        if key in view:
-            return view[key]
-    return None
+    """The value a read of ``key`` gives, ``None`` when no layer holds it."""
+    return source.get(key)
 
 
 # ----- HISTORY segmentation ---------------------------------------------------------------
