@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Generic, NamedTuple, TypeVar, overload
 
 from .canonical import MEMO_CHARS, FrozenDict, Memo, canonical_key, remember_value
 from .context import (MERGED_CONFLICTS_KEY, TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key,
@@ -98,6 +97,34 @@ class ScopeEntry(NamedTuple):
         return entry_kind(self.key, self.value)
 
 
+_T = TypeVar("_T")
+
+
+class _computed_once(Generic[_T]):  # noqa: N801 - used as a decorator, like functools.cached_property
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on every first read,
+    which cost more than the property itself): a scope is read by one thread, and a value computed
+    twice by two threads would be the same value (the properties are pure functions of the scope)."""
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "_computed_once[_T]": ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> "_T | _computed_once[_T]":
+        if obj is None:
+            return self
+        value = self.fn(obj)
+        obj.__dict__[self.name] = value  # found before this (non-data) descriptor from now on
+        return value
+
+
 @dataclass(frozen=True)
 class Scope:
     """HISTORY then WORKING entries with their token counts, and the preserved keys."""
@@ -109,15 +136,15 @@ class Scope:
 
     # computed once: the scores and the compressor read them again and again
 
-    @cached_property
+    @_computed_once
     def entries(self) -> tuple[ScopeEntry, ...]:
         return self.history + self.working
 
-    @cached_property
+    @_computed_once
     def tokens(self) -> int:
         return sum(e.tokens for e in self.history) + sum(e.tokens for e in self.working)
 
-    @cached_property
+    @_computed_once
     def segments(self) -> Segments:
         """``segment_history`` of HISTORY."""
         return segment_history([(e.key, e.value) for e in self.history])
