@@ -20,7 +20,7 @@ from typing import Any, Callable, NamedTuple
 
 import immutables
 
-from .canonical import FrozenDict, canonical_json, freeze, key_problem, thaw
+from .canonical import FrozenDict, FrozenList, canonical_json, freeze, key_problem, thaw
 from .errors import ContextKeyError, ContextValueError, ContextWriteDenied, LayerflowError
 from .layers import Layer
 from .markers import DELETED
@@ -622,15 +622,19 @@ class LayeredContext:
         while record_key in history:
             n += 1
             record_key = f"{record_kind}:{task_id}#{n}"
-        record = freeze({
+        fields = {
             "kind": record_kind,
             "activity": task_id,
             "status": status,
             "summary": summary if summary is not None else _default_summary(task_id, status, written),
             "keys": written,
             "tokens": written_tokens,
-            **(details or {}),
-        })
+        }
+        if details or not all(isinstance(v, str) and v.isascii() for v in (task_id, status, fields["summary"])):
+            record = freeze({**fields, **(details or {})})
+        else:  # what freeze gives: ASCII text, an int and checked keys need no check (the common case)
+            fields["keys"] = FrozenList(written)
+            record = FrozenDict(fields)
         changes.append((Layer.HISTORY, record_key, record))
         preserve = [k for k in dict.fromkeys(preserve_keys) if k not in s.preserved]
         self._emit(EventKind.COMPLETE, actor or task_id, changes=changes, activity=task_id,
@@ -760,8 +764,8 @@ class LayeredContext:
     def _apply(self, s: _State, e: Event, counted: Mapping[int, int] | None = None) -> _State:
         if e.kind == EventKind.FORK:
             base = e.snapshot.state if e.snapshot is not None else _State.empty()
-            s = base._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None, counter=max(base.counter, s.counter),
-                        layers=(*base.layers[:5], _EMPTY), tokens=(*base.tokens[:5], _EMPTY), totals=(*base.totals[:5], 0))
+            s = _State((*base.layers[:5], _EMPTY), (*base.tokens[:5], _EMPTY), (*base.totals[:5], 0), base.preserved,
+                       max(base.counter, s.counter), None, _EMPTY, None, base.iterations)
         elif e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.snapshot is not None:
             # an abort undoes the failed activity in every layer but SYSTEM (it fixed nothing);
             # a restore names its layers (never SYSTEM or PROCESS)
