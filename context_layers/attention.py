@@ -452,14 +452,14 @@ def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
 
 
 # Two memories of _tool_mark for frozen values (context values: validated JSON), both
-# bounded by entries and by the characters of the values' reprs (cleared when full):
+# bounded by entries and by the characters of the values' canonical texts (cleared when full):
 # * id(value) -> (value, mark): a tool result is scored after every activity while it
 #   stays in HISTORY; frozen values never change, and holding the value keeps its id
 #   unique;
-# * repr(value) -> mark: every instance of a process gets the same results from the
-#   same tools, as new objects. Context values hold JSON types only (``freeze``), whose
-#   repr tells equal values from unequal ones, and rendering it costs a fraction of
-#   the mark.
+# * canonical text -> mark: every instance of a process gets the same results from the
+#   same tools, as new objects. The text tells equal values from unequal ones (the mark
+#   does not depend on key order either), and was made when the value's tokens were
+#   counted (``canonical_text``).
 _MARKS_BY_ID: Memo[tuple[Any, int], tuple[Any, str]] = Memo(1 << 14, chars=MEMO_CHARS)
 _MARKS_BY_TEXT: Memo[tuple[Any, str], str] = Memo(1 << 12, chars=MEMO_CHARS)
 
