@@ -9,6 +9,7 @@ counts a compression hands its context instead of letting it count them again.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import given, settings
@@ -17,9 +18,10 @@ from hypothesis import strategies as st
 from context_layers import ActivityExtensionConfig, Layer, LayeredContext, RuleDrivenCompressor
 from context_layers.attention import (COMPACTED, AttentionScore, Scope, ScopeEntry, Segments, classify_tool_entries,
                                       is_activity_record, is_compressed, is_compressor_record, is_tool_entry,
-                                      segment_history)
-from context_layers.canonical import freeze
+                                      _mark, _tool_mark, segment_history)
+from context_layers.canonical import canonical_json, canonical_text, freeze
 from context_layers.context import Snapshot, _new_snapshot, entry_kind, key_begins, names_tool_result
+from context_layers.similarity import entry_shingles, entry_words, shingles
 from context_layers.tape import Event, EventKind, new_event
 from context_layers.tokens import count_value
 
@@ -199,3 +201,24 @@ def test_complete_activity_gives_a_mutable_copy_of_its_record() -> None:
     assert type(record["extra"]["nested"]) is list
     record["keys"].append("changed")  # a copy: the record in HISTORY stays as it was
     assert ctx.layer(Layer.HISTORY)["activity:t"]["keys"] == ["a"]
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=6), lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON, st.sampled_from(["notes", "tool:search", "a"]))
+def test_a_frozen_values_remembered_text_and_what_it_keys_are_the_plain_ones(value: Any, key: str) -> None:
+    frozen = freeze(value)
+    assert canonical_text(frozen) == canonical_json(frozen) == canonical_json(value)
+    assert canonical_text(frozen) == canonical_text(frozen)  # remembered: the same again
+    # an equal value built anew (another key order) is remembered under the same text, and what the
+    # memories give for it is what the plain functions give
+    again = freeze(json.loads(json.dumps(value, sort_keys=True)))
+    for v in (frozen, again):
+        assert entry_shingles(key, v) == shingles(entry_words(key, v))
+    if isinstance(frozen, dict):
+        tool = freeze({"kind": "tool_call_result", "tool": "t", **value})
+        assert _tool_mark(tool) == _mark(tool)
