@@ -318,8 +318,10 @@ class Memo(dict[K, V], Generic[K, V]):
 # canonical_json of frozen objects and lists (context values), by identity: a value's text is made
 # when its tokens are counted (every write), and read again by the memories below (attention scores
 # after an activity, a join counting the values it merges) without walking the value again. The
-# memo holds the value, so its id is not reused while remembered; bounded by entries and characters.
-_TEXTS_BY_ID: "Memo[int, tuple[Any, str]]" = Memo(1 << 14, chars=MEMO_CHARS)
+# memo holds the value, so its id is not reused while remembered; bounded by entries and characters,
+# few of them: what it saves is for the values of the instance running now (the text of an equal value
+# of another instance is found by the memories keyed by text).
+_TEXTS_BY_ID: "Memo[int, tuple[Any, str]]" = Memo(1 << 12, chars=MEMO_CHARS // 8)
 
 
 def canonical_text(value: Any) -> str:
@@ -331,7 +333,9 @@ def canonical_text(value: Any) -> str:
     if hit is not None and hit[0] is value:
         return hit[1]
     text = canonical_json(value)
-    _TEXTS_BY_ID.put(id(value), (value, text), chars=len(text))
+    # charged for the text and for the value it holds (about as large): a memory of long values
+    # stays within its bound whichever of the memories below also holds them
+    _TEXTS_BY_ID.put(id(value), (value, text), chars=2 * len(text))
     return text
 
 
