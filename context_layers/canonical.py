@@ -41,6 +41,26 @@ _CANONICAL_C: Any = None if _C_MAKE_ENCODER is None else _C_MAKE_ENCODER(
     None, _CANONICAL.default, json.encoder.encode_basestring, None, ":", ",", True, False, False)
 
 
+def fast_encode(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """``encoder.encode`` with its C part built once: ``encode`` builds it anew at every call,
+    which costs more than encoding a small value. It keeps no cycle check: a cycle ends in
+    RecursionError, and ``encoder.encode`` then raises the ValueError that names it."""
+    make: Any = _C_MAKE_ENCODER
+    if make is None or encoder.indent is not None:
+        return encoder.encode
+    strings = json.encoder.encode_basestring_ascii if encoder.ensure_ascii else json.encoder.encode_basestring
+    c_encode = make(None, encoder.default, strings, None, encoder.key_separator, encoder.item_separator,
+                    encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)
+
+    def encode(value: Any) -> str:
+        try:
+            return "".join(c_encode(value, 0))
+        except RecursionError:
+            return encoder.encode(value)
+
+    return encode
+
+
 def canonical_json(value: Any) -> str:
     if _CANONICAL_C is None:
         return _CANONICAL.encode(value)

@@ -7,7 +7,8 @@ until nothing changes, so compressing twice with the same rules changes nothing 
 second time. Invariants of every action:
 
 * protected keys (preserved keys and the next activity's required context) and
-  compressor records (``compaction:*``, ``count_only`` counters) are never matched;
+  compressor records (``compaction:*``, ``count_only`` counters) are never matched, nor,
+  by any rule but ``count_only``, an entry a counter lists as ``kept`` (verbatim: its word);
 * an entry is replaced only when the replacement has fewer tokens, so rules never
   make HISTORY bigger;
 * the entry kind survives: replaced dict values keep their ``kind`` field, and get
@@ -31,10 +32,14 @@ Actions:
   verbatim and replace the others by one counter record
   ``summary:count:<pattern>`` = ``{"kind": "count", "_compressed": "count_only",
   "pattern", "count" (entries seen), "dropped" (entries removed), "kept" (keys)}``.
-  An entry the counter kept that a parallel branch's fold took away at a join is no longer
-  listed as kept: the join moves it to ``"folded"`` (or ``"deleted"``, when a branch removed
-  it), so ``count == dropped + len(kept) + len(folded) + len(deleted)``; a later count goes
-  on from those (``counter_gone``).
+  ``kept`` lists the entries it keeps verbatim; one another rule reduced before the counter
+  kept it is listed by what it is, under ``"summarized"`` (a ``summarize`` output) or
+  ``"extracted"`` (an ``extract_keys`` one), each only when not empty (``COUNTER_IN_PLACE``:
+  ``counter_in_place`` gives all three). An entry the counter kept that a parallel branch's fold
+  took away at a join is no longer listed as kept: the join moves it to ``"folded"`` (or
+  ``"deleted"``, when a branch removed it), so ``count == dropped + len(kept) +
+  len(summarized) + len(extracted) + len(folded) + len(deleted)``; a later count goes on from
+  those (``counter_gone``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ __all__ = [
     "count_key",
     "counter_basis",
     "counter_gone",
+    "counter_in_place",
+    "counter_lists",
     "extract_paths",
     "get_path",
 ]
@@ -116,15 +123,45 @@ def counter_gone(record: Any) -> dict[str, list[str]]:
             if isinstance(record.get(field_), (list, tuple)) and record[field_]}
 
 
+#: a counter's lists of the entries it leaves where they were: verbatim, or as a rule reduced them
+#: before it kept them (by the ``_compressed`` marker the rule left: ``_REDUCED``)
+COUNTER_IN_PLACE = ("kept", "summarized", "extracted")
+_REDUCED = {"summarize": "summarized", "extract_keys": "extracted"}
+
+
+def counter_lists(record: Any) -> dict[str, list[str]]:
+    """A counter's ``COUNTER_IN_PLACE`` lists, each (``kept`` too) as it holds it, else empty."""
+    lists: dict[str, list[str]] = {f: [] for f in COUNTER_IN_PLACE}
+    if isinstance(record, Mapping):
+        for f in COUNTER_IN_PLACE:
+            if isinstance(record.get(f), (list, tuple)):
+                lists[f] = [k for k in record[f] if isinstance(k, str)]
+    return lists
+
+
+def counter_in_place(record: Any) -> list[str]:
+    """Every entry a counter leaves in HISTORY: kept verbatim, summarized or extracted."""
+    return [k for keys in counter_lists(record).values() for k in keys]
+
+
+def _placed(items: Iterable[tuple[str, Any]]) -> dict[str, list[str]]:
+    """The entries a counter keeps, listed by what they are (``kept`` always, the others when not empty)."""
+    lists: dict[str, list[str]] = {"kept": []}
+    for key, value in items:
+        marker = value.get("_compressed") if isinstance(value, Mapping) else None
+        lists.setdefault(_REDUCED.get(marker, "kept") if isinstance(marker, str) else "kept", []).append(key)
+    return lists
+
+
 def counter_basis(record: Any) -> Any:
-    """A counter as the compression wrote it, before a join took kept entries away (their order in
-    ``kept`` aside): two counters with one basis are the same count of the same entries."""
+    """A counter as the compression wrote it, before a join took kept entries away (the order
+    and the kind of what it keeps aside): two counters with one basis are the same count of
+    the same entries."""
     gone = counter_gone(record)
-    if not gone or not isinstance(record, Mapping):
+    if not isinstance(record, Mapping) or (not gone and not any(record.get(f) for f in COUNTER_IN_PLACE[1:])):
         return record
-    kept = [k for k in record.get("kept") or () if isinstance(k, str)]
-    return {**{k: v for k, v in record.items() if k not in COUNTER_GONE},
-            "kept": sorted([*kept, *(k for keys in gone.values() for k in keys)])}
+    return {**{k: v for k, v in record.items() if k not in COUNTER_GONE and k not in COUNTER_IN_PLACE},
+            "kept": sorted([*counter_in_place(record), *(k for keys in gone.values() for k in keys)])}
 
 
 def get_path(value: Any, path: str) -> tuple[bool, Any]:
@@ -253,8 +290,11 @@ def _counter(encoding: str) -> Callable[[Any], int]:
     return lambda value: count_value(value, encoding)
 
 
+_COUNT_PREFIX = "summary:count:"
+
+
 def count_key(pattern: str) -> str:
-    return f"summary:count:{pattern}"
+    return f"{_COUNT_PREFIX}{pattern}"
 
 
 _MATCHES: Memo[tuple[str, str, str], bool] = Memo(1 << 15)
@@ -310,6 +350,9 @@ def _apply_rule(items: Sequence[tuple[str, Any]], kinds: Mapping[str, str | None
             matched.append(i)
     if rule.action == "count_only":
         return _count_only(items, matched, rule, tokens)
+    verbatim = _kept_verbatim(items, kinds)
+    if verbatim:
+        matched = [i for i in matched if items[i][0] not in verbatim]
     summarize = summarize or SummaryCache(encoding=encoding)
     affected: list[str] = []
     missing: dict[str, tuple[str, ...]] = {}
@@ -337,6 +380,16 @@ def _apply_rule(items: Sequence[tuple[str, Any]], kinds: Mapping[str, str | None
         if judged is not None:
             judged[slot] = (rule, value, miss)
     return RuleOutcome(items=tuple(items), affected=tuple(affected), missing_paths=missing)
+
+
+def _kept_verbatim(items: Sequence[tuple[str, Any]], kinds: Mapping[str, str | None]) -> set[str]:
+    """The entries the counters in ``items`` list as ``kept``: verbatim, as they say, so no other rule
+    reduces them (a counter is a compressor record: no rule matched it, its kind is ``None``)."""
+    out: set[str] = set()
+    for key, value in items:
+        if kinds.get(key) is None and key.startswith(_COUNT_PREFIX) and is_protected_record(key, value):
+            out.update(k for k in value.get("kept") or () if isinstance(k, str))
+    return out
 
 
 def _summarized(key: str, value: Any, max_tokens: int, summarize: Callable[[str, int], str], encoding: str) -> Any:
@@ -369,7 +422,7 @@ def _count_only(items: Items, matched: list[int], rule: CompressRule, tokens: Ca
     away = counter_gone(old)
     record: dict[str, Any] = {"kind": "count", "_compressed": "count_only", "pattern": rule.pattern,
                               "count": dropped + len(keep) + sum(map(len, away.values())), "dropped": dropped,
-                              "kept": [items[i][0] for i in keep], **away}
+                              **_placed(items[i] for i in keep), **away}
     saved = sum(tokens(items[i][1]) for i in drop)
     grown = tokens(record) - (tokens(old) if old is not None else 0)
     if grown >= saved:

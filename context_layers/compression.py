@@ -72,7 +72,7 @@ from .attention import (
     is_compressor_record,
 )
 from .canonical import canonical_json, freeze, thaw
-from .compress_rules import Judged, SummaryCache, apply_rules, counter_basis, extract_paths
+from .compress_rules import Judged, SummaryCache, apply_rules, counter_basis, counter_in_place, extract_paths
 from .config import ActivityExtensionConfig, as_config
 from .context import LayeredContext, entry_kind
 from .errors import ContextKeyError
@@ -686,9 +686,10 @@ def _rows_kept(items: Sequence[tuple[str, Any]], rules: Sequence[Any]) -> frozen
 
 
 def _count_kept(items: Sequence[tuple[str, Any]]) -> set[str]:
-    """The entries ``count_only`` counters name as kept verbatim (their last ``keepLast``)."""
+    """The entries ``count_only`` counters keep where they were (their last ``keepLast``: verbatim,
+    summarized or extracted)."""
     return {key for _, v in items if isinstance(v, dict) and v.get("_compressed") == "count_only"
-            and isinstance(v.get("kept"), list) for key in v["kept"] if isinstance(key, str)}
+            for key in counter_in_place(v)}
 
 
 def _kept_line(key: str, value: Any) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from context_layers.canonical import freeze
 
-__all__ = ["AnswerError", "answer_contract", "parse_answer", "validate_schema"]
+__all__ = ["AnswerError", "answer_contract", "answer_problems", "parse_answer", "validate_schema"]
 
 
 class AnswerError(ValueError):
@@ -147,15 +147,23 @@ def parse_answer(text: Any, *, schema: Mapping[str, Any] | None = None,
                           text=text) from None
     if not isinstance(data, dict):
         raise AnswerError([f"the reply is a JSON {_json_type(data)}, not an object"], text=text)
+    problems = answer_problems(data, schema=schema, keys=keys)
+    if problems:
+        raise AnswerError(problems, text=text)
+    return _integers(data, schema) if schema else data
+
+
+def answer_problems(data: Mapping[str, Any], *, schema: Mapping[str, Any] | None = None,
+                    keys: Sequence[str] = ()) -> list[str]:
+    """What keeps the answer object ``data`` from meeting the contract (``schema`` or ``keys``); empty
+    when it does. Also the check of an offline handler's answer, which stands in for the model's."""
     problems = validate_schema(data, schema) if schema else []
     problems += [f"/: missing required key {k!r}" for k in keys if k not in data
                  and f"/: missing required key {k!r}" not in problems]
     empty = [k for k in data if not isinstance(k, str) or not k]
     if empty:
         problems.append("/: keys must be non-empty strings")
-    if problems:
-        raise AnswerError(problems, text=text)
-    return _integers(data, schema) if schema else data
+    return problems
 
 
 def _integers(value: Any, schema: Any) -> Any:

@@ -296,8 +296,14 @@ class WaitingItem(_Open):
     id: str = Field(description="what to answer: a user task's or event's task id, a confirmation's id")
     task_id: str = Field(description="the BPMN id of the element that waits")
     context: str | None = Field(default=None, examples=["main"], description=(
-        "a confirmation's or a timer's: the context it waits in, `main` for the process's own flow, "
+        "a confirmation's, a timer's or an event's: the context it waits in, `main` for the process's own flow, "
         "else the branch or line (of a multi-instance) context, which tells apart items of one `task_id`"))
+    due: str | None = Field(default=None, description=(
+        "a timer's (and a confirmation's with a timeout): when it fires, ISO 8601 UTC; none when not known"))
+    event: str | None = Field(default=None, description="an event's: the name of the message or signal to send")
+    instance: int | None = Field(default=None, description=(
+        "a user task's, timer's or event's inside a multi-instance activity: which instance waits, from 1"))
+    input: dict[str, Any] | None = Field(default=None, description="with `instance`: that instance's input item")
 
 
 class Layers(_Open):
@@ -471,8 +477,11 @@ class ReplayDocument(_Open):
     version: int
     context: str = Field(examples=["main"])
     branch_id: str | None
-    until: int = Field(description="the tape position rebuilt to")
+    until: int = Field(description="the tape position rebuilt to: the one asked for, at most the tape's end")
+    until_requested: int | None = Field(default=None, description="the `until` asked for (none: the whole tape); "
+                                        "past the tape's end it is more than `until`")
     tape_last_seq: int
+    tape_end: int | None = Field(default=None, description="`tape_last_seq` under `layerflow replay --json`'s name")
     event: TapeEvent | None = Field(description="the event at `until` (none on an empty tape)")
     tokens: Tokens
     layers: dict[str, ReplayLayer] = Field(description="layer (`L0`..`L5`) -> its keys")

@@ -666,9 +666,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
-        for notice in instance.notices:
+        for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
-        _answers_never_used(out, instance, [k for k in answers["confirmations"] if k not in answers["user_tasks"]])
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
@@ -847,41 +846,6 @@ def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], k
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
                      f"(it waits for: {listed}); it is kept for a later step")
-
-
-def _answers_never_used(out: _Out, instance: Instance, keys: Iterable[str]) -> None:
-    """A confirmation answer (`--answers` file) that names no confirmation the instance ever had is a
-    typo or meant for another process: say so on stderr, with what it does wait for."""
-    known: set[str] = set()
-    for c in instance.confirmations:
-        known.add(str(c.get("id")))
-        if c.get("gateway_id") and c.get("key") is not None:
-            known.add(f"{c['gateway_id']}/{c['key']}")
-    # the joins whose branches met: one that has not may still ask (the instance stopped before it)
-    joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
-    for key in keys:
-        if key != "*" and key not in known:
-            waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
-            gateway, _, context_key = key.partition("/")
-            asked = sorted({str(c["key"]) for c in instance.confirmations
-                            if c.get("gateway_id") == gateway and c.get("key") is not None})
-            if context_key and (gateway in joined or asked):
-                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id}: join "
-                         f"{gateway!r} met no conflict on {context_key!r}"
-                         + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")
-                         + f"; it was not used (the instance waits for: {waiting})")
-            elif context_key and instance.status in ("waiting", "running"):
-                # a join of the process that may still ask (``_unmatchable_confirmations`` refused the rest)
-                steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
-                                          for w in instance.waiting_for})) or "nothing"
-                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} yet and was "
-                         f"not used: join {gateway!r} has not been reached (it waits at: {steps}); an answer is used "
-                         f"only by the run or resume it is given to: give it again to the `layerflow resume` that "
-                         f"reaches the join")
-            else:
-                out.info(f"layerflow: answer {key!r} matches no confirmation of instance {instance.id} "
-                         f"(it waits for: {waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, "
-                         f"as `waiting_for` names it")
 
 
 def _store_name(store: str | None) -> str:
@@ -1091,11 +1055,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
-        for notice in instance.notices:
+        for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
-        # --answer keys were named above already, against what the instance waited for
-        _answers_never_used(out, instance, [k for k in answers["confirmations"]
-                                             if k not in given and k not in answers["user_tasks"]])
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
@@ -1645,10 +1606,12 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
 @click.option("--key", default=None, help="events that change this key")
 @click.option("--branch", default=None, help="events of this branch id")
 @click.option("--since", type=int, default=None, help="from this sequence number")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="at most this many events, the first ones (as REST's tape?limit=)")
 @_store_option
 @_json_option
 def tape(instance_id: str, context_name: str | None, kind: str | None, activity: str | None, key: str | None,
-         branch: str | None, since: int | None, store: str | None, as_json: bool) -> None:
+         branch: str | None, since: int | None, limit: int | None, store: str | None, as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json, create=False)
     instance = _load(engine, instance_id, as_json)
@@ -1666,6 +1629,8 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
             if (since is None or e.seq >= since) and (kinds is None or matches_kind(e, kinds)):
                 events.append((e.time, name, e))
     events.sort(key=lambda t: (t[0], t[2].seq))
+    if limit is not None:
+        events = events[:limit]
     if not events and kind:
         seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
                        for k in (e.kind, (e.data or {}).get("note")) if k})
@@ -1702,16 +1667,19 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
 # What an auditor reads first in a note, in this order; the rest is in `tape --json`.
 _NOTE_FIELDS = ("key", "conflicting_values", "resolver", "outcome", "confirmation_id", "value", "branch",
                 "decided_by", "branches", "conflicts", "detail")
-# an operator's changes: what was injected (its writes are the lines before), refused or reconfigured, and why
-_OPERATOR_NOTE_FIELDS = {
+# notes of their own: an operator's changes (what was injected: its writes are the lines before; refused or
+# reconfigured, and why), and a retrieval's lookup
+_NOTE_FIELDS_BY_NOTE = {
     "governance": ("op", "layer", "keys", "reason"),
     "governance_denied": ("op", "key", "requested_layer", "effective_layer", "reason"),
     "config_change": ("activity_id", "config_version", "mode", "change", "reason"),
+    # what was looked up and found: a misspelt collection or template key finds nothing
+    "retrieval": ("collections", "query", "kept", "dropped", "missing", "absent"),
 }
 
 
 def _note_detail(data: Mapping[str, Any]) -> str:
-    fields = _OPERATOR_NOTE_FIELDS.get(str(data.get("note")), _NOTE_FIELDS)
+    fields = _NOTE_FIELDS_BY_NOTE.get(str(data.get("note")), _NOTE_FIELDS)
     return ", ".join(f"{f}={_short(data[f])}" for f in fields if data.get(f) is not None)
 
 
@@ -1739,18 +1707,20 @@ def replay(instance_id: str, until_arg: int | None, until: int | None, context_n
     # a context name or a branch id, as inspect and snapshot take it
     ctx = _branch_context(_service(store, as_json), instance, context_name, as_json)
     end = ctx.tape[-1].seq if len(ctx.tape) else 0
-    if until is None:  # the whole tape, as the REST API's replay without `until`
-        until = end
+    asked = until
+    # the whole tape without `--until`; past its end, its last state: `until` is where the state
+    # stands, as REST replay gives it, and `until_requested` what was asked
+    until = end if asked is None else min(asked, end)
     rebuilt = LayeredContext.replay(ctx.tape, until=until, name=ctx.name)
     layers = rebuilt.as_dict()
     # the tape's end under both names, this one's and REST replay's (``tape_last_seq``)
-    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "tape_end": end, "tape_last_seq": end,
-           "layers": layers, "tokens": rebuilt.token_report()}
+    doc = {"instance_id": instance.id, "context": ctx.name, "until": until, "until_requested": asked,
+           "tape_end": end, "tape_last_seq": end, "layers": layers, "tokens": rebuilt.token_report()}
     if as_json:
         _Out(True).doc(doc)
         return
-    past = f" (the tape ends at #{end}: this is its last state)" if until > end else ""
-    click.echo(f"context {ctx.name} of {instance.id} at #{min(until, end)}{past}")
+    past = f" (the tape ends at #{end}: this is its last state)" if asked is not None and asked > end else ""
+    click.echo(f"context {ctx.name} of {instance.id} at #{until}{past}")
     for layer, values in layers.items():
         for k, v in values.items():
             click.echo(f"{layer}\t{k}\t{_short(v)}")
@@ -1807,7 +1777,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     snapshot_id = snapshot_id or snapshot_arg
 
     service = _service(store, as_json)
-    instance = _load(service.engine, instance_id, as_json)
+    instance = _acting_on(_load(service.engine, instance_id, as_json))
     ctx = _branch_context(service, instance, context_name, as_json) if context_name else None
     known = _snapshot_list(instance, ctx)
     where = f" context {ctx.name!r} of" if ctx is not None else ""
@@ -1861,7 +1831,7 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
     from .governance import SnapshotArgs
 
     service = _service(store, as_json)
-    instance = _load(service.engine, instance_id, as_json)
+    instance = _acting_on(_load(service.engine, instance_id, as_json))
     ctx = _branch_context(service, instance, context_name, as_json)
     if list_them:
         known = _snapshot_list(instance, ctx if context_name else None)

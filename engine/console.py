@@ -275,6 +275,7 @@ def replay_document(instance: Instance, ctx: LayeredContext, until: int | None) 
                 for k, v in view.items()]
         layers[str(layer)] = {"name": layer.name, "tokens": sum(k["tokens"] for k in keys), "keys": keys}
     # the tape's end under both names, REST's and `layerflow replay --json`'s (``tape_end``)
-    return {"context": ctx.name, "branch_id": ctx.branch_id, "until": stop, "tape_last_seq": last, "tape_end": last,
+    return {"context": ctx.name, "branch_id": ctx.branch_id, "until": stop, "until_requested": until,
+            "tape_last_seq": last, "tape_end": last,
             "event": event_document(ctx.name, event) if event is not None else None,
             "tokens": rebuilt.token_report(), "layers": layers}

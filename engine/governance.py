@@ -1354,6 +1354,7 @@ class GovernanceService:
             if instance.status == "completed":
                 raise InstanceStateError(f"instance {instance.id} is completed; its config no longer matters")
             current = self._config_of(instance, args.activity_id)
+            _check_identity(change, current, args.activity_id)
             try:
                 if args.mode == "merge" and current is not None:
                     new = current.merged_with(change)
@@ -1361,6 +1362,8 @@ class GovernanceService:
                     data = change.model_dump(exclude_unset=True)
                     if current is not None and current.handler:
                         data["handler"] = current.handler  # the handler is the server's, never the request's
+                    if current is not None and current.type and "type" not in data:
+                        data["type"] = current.type  # what the BPMN draws, as the file says it
                     new = ActivityExtensionConfig.model_validate(data)
             except ValidationError as err:  # each part is valid, the merge is not (e.g. a strategy without its fields)
                 problems = format_validation_error(err, source="runtime config", element_id=args.activity_id)
@@ -1623,6 +1626,31 @@ def runtime_config(data: Any, *, element_id: str) -> ActivityExtensionConfig:
         raise ConfigError(f"{source} for {element_id!r}:\n  " + "\n  ".join(f"field {f}: {m}" for f, m in found),
                           problems=listed)
     return cfg
+
+
+def _check_identity(change: ActivityExtensionConfig, current: ActivityExtensionConfig | None,
+                    element_id: str) -> None:
+    """A runtime change says nothing else of what the element is: ``type`` (the seed's ``XOR_SPLIT``, a
+    task type) describes what the BPMN draws, and the BPMN decides how the element runs, so another
+    ``type`` would change nothing but the config's word for it; ``activityId`` / ``gatewayId`` name the
+    element the change is for. Each is taken when it repeats what the element's config says (a config
+    sent back as it was read), and refused otherwise, naming the element and the field."""
+    found = []
+    if "type" in change.model_fields_set and change.type != (current.type if current is not None else None):
+        own = current.type if current is not None else None
+        found.append(("type", f"{change.type!r} cannot be set at run time: the BPMN decides what {element_id!r} "
+                              f"is and how it runs, and a runtime config cannot change that (its config's type is "
+                              f"{own!r}); leave type out" + (f" or send {own!r}" if own is not None else "")
+                              + ", or change the BPMN and start a new instance"))
+    for name, attr in (("activityId", "activity_id"), ("gatewayId", "gateway_id")):
+        value = getattr(change, attr)
+        if attr in change.model_fields_set and value is not None and value != element_id:
+            found.append((name, f"{value!r} is not the element this change is for ({element_id!r}); send the "
+                                f"change for {value!r} as its own request, or leave {name} out"))
+    if found:
+        listed = [{"file": "runtime config", "id": element_id, "field": f, "message": m} for f, m in found]
+        raise ConfigError(f"runtime config for {element_id!r}:\n  " + "\n  ".join(
+            f"field {p['field']}: {p['message']}" for p in listed), problems=listed)
 
 
 def _check_element_ids(cfg: ActivityExtensionConfig, instance: Instance, element_id: str) -> None:

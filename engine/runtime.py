@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import marshal
 import re
 import time
 import traceback
@@ -83,6 +84,7 @@ from gateways.policy import MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, option_value, short)
 from .gateway_steps import _deadline as confirmation_deadline
+from .answer import answer_problems
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, config_file_changes, config_file_section_changes
@@ -459,7 +461,8 @@ class Engine:
         self.clock = clock
         self.progress = progress
         self._retrievers: dict[str, Retriever] = {}
-        self._timers_seen: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # due_timers: id -> (version, timers)
+        # due_timers: id -> (version, floor, timers)
+        self._timers_seen: dict[str, tuple[int, float, list[dict[str, Any]]]] = {}
 
     # ----- lifecycle ---------------------------------------------------------------
 
@@ -561,6 +564,7 @@ class Engine:
                     f"user task {item['task_id']!r}: the given answer was not used: the task no longer waits (it was "
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
                     f"first); the instance is {instance.status} now")
+        instance.notices.extend(unused_confirmation_notices(instance, answers))
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
         return instance
@@ -848,8 +852,10 @@ class Engine:
         return instance
 
     def due_timers(self) -> list[dict[str, Any]]:
-        """The timers of waiting instances in the store that are due by the engine's clock,
-        earliest first: their ``waiting_for`` items with ``instance_id`` and ``version``; a
+        """The timers of waiting instances in the store that are due by the clock of each
+        instance, the one a resume fires them by: the engine's clock, never behind the latest
+        time the instance has seen (``InstanceClock``; an engine ahead saved it); earliest first:
+        their ``waiting_for`` items with ``instance_id`` and ``version``; a
         confirmation whose timeout has run out is one too (``"kind": "confirmation"``: resuming
         the instance applies its timeout rule, the default or an escalation). Read
         from the record heads (no instance rebuilt) of only the instances the store's timer
@@ -859,12 +865,13 @@ class Engine:
         from .store import record_head
 
         clock = self.clock()
-        now = datetime.fromtimestamp(clock, timezone.utc)
         due = []
-        seen = self._timers_seen  # id -> (version, its timers): a record head is read again only once it changed
+        # id -> (version, the instance's latest time, its timers): a record head is read again only once it changed
+        seen = self._timers_seen
         if isinstance(self.store, InstanceRecords):
             # the index compares seconds, the check below datetimes rounded to the microsecond:
-            # a millisecond's slack lets the index miss nothing the check would take
+            # a millisecond's slack lets the index miss nothing the check would take (the index
+            # lists a timer due by the instance's own latest time whatever the bound, ``timer_due``)
             rows = self.store.list_due(clock + 1e-3)
         else:
             rows = self.store.list()
@@ -876,11 +883,13 @@ class Engine:
                     head = record_head(self.store, row["id"])
                 except ContextKeyError:
                     continue  # deleted meanwhile
-                known = seen[row["id"]] = (head["version"], [
+                known = seen[row["id"]] = (head["version"], _floor_of(head, {}), [
                     {**item, "instance_id": row["id"], "version": head["version"]}
                     for item in head.get("engine", {}).get("waiting_for", [])
                     if item.get("kind") in ("timer", "confirmation") and item.get("due")])
-            due += [item for item in known[1] if _utc(item["due"]) <= now]
+            # what the instance's clock reads once loaded: the engine's, or its floor when that is later
+            now = datetime.fromtimestamp(max(clock, known[1]), timezone.utc)
+            due += [item for item in known[2] if _utc(item["due"]) <= now]
         for gone in seen.keys() - {row["id"] for row in waiting}:
             del seen[gone]
         return sorted(due, key=lambda item: _utc(item["due"]))
@@ -1346,6 +1355,60 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
     return ({str(c["id"]) for c in instance.confirmations} | {str(c["request_id"]) for c in instance.confirmations
                                                               if c.get("request_id")}
             | {str(w["id"]) for w in instance.waiting_for if w.get("id")})
+
+
+def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:
+    """A notice for each confirmation answer of ``answers`` (the ``confirmations`` keys that are no
+    user task's answer too) that names no confirmation ``instance`` ever had, as the run that was
+    given it leaves it: a join's context key misspelt (the join met no conflict on it), a conflict the
+    join settled without a person (a policy rule, its mergeStrategy, the model), a join not reached yet (the answer is used only by the run or resume it is given to), or a key of no join.
+    ``Engine.run`` adds them to ``instance.notices``: the CLI's stderr and REST's ``notices``."""
+    answers = answers or {}
+    tasks = answers.get("user_tasks") or {}
+    keys = [str(k) for k in (answers.get("confirmations") or {}) if k not in tasks and k != "*"]
+    known: set[str] = set()
+    for c in instance.confirmations:
+        known.add(str(c.get("id")))
+        if c.get("gateway_id") and c.get("key") is not None:
+            known.add(f"{c['gateway_id']}/{c['key']}")
+    # the joins whose branches met: one that has not may still ask (the instance stopped before it)
+    joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
+    notices = []
+    for key in keys:
+        if key in known:
+            continue
+        waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
+        gateway, _, context_key = key.partition("/")
+        asked = sorted({str(c["key"]) for c in instance.confirmations
+                        if c.get("gateway_id") == gateway and c.get("key") is not None})
+        settled = [c for c in instance.conflicts if c.get("gateway_id") == gateway
+                   and c.get("key") == context_key and c.get("resolution")]
+        if context_key and settled:
+            # the join met the conflict and settled it without a person (a policy rule, a strategy, the model)
+            how = settled[0]["resolution"]
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id}: join {gateway!r} "
+                           f"settled its conflict on {context_key!r} by {how.get('resolver')}: "
+                           f"{json.dumps(how.get('value'))} ({how.get('reason')}), without asking a person; it was "
+                           f"not used (the instance waits for: {waiting}); a `resume --set` or an `inject` corrects "
+                           "the value after the join")
+        elif context_key and (gateway in joined or asked):
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id}: join {gateway!r} met "
+                           f"no conflict on {context_key!r}"
+                           + (f" (it asked: {', '.join(repr(f'{gateway}/{k}') for k in asked)})" if asked else "")
+                           + f"; it was not used (the instance waits for: {waiting})")
+        elif context_key and instance.status in ("waiting", "running"):
+            # a join of the process that may still ask (``check_confirmation_keys`` refused the rest)
+            steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
+                                      for w in instance.waiting_for})) or "nothing"
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} yet and was not used: "
+                           f"join {gateway!r} has not been reached (it waits at: {steps}); an answer is used only by "
+                           f"the run or resume it is given to: give it again to the `layerflow resume` that reaches the join "
+                           "(REST: the resume request)")
+        else:
+            notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} (it waits for: "
+                           f"{waiting}); it was not used. Key a join conflict GATEWAY_ID/CONTEXT_KEY, as "
+                           "`waiting_for` names it")
+    return notices
 
 
 def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
@@ -1980,6 +2043,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             out["input"] = {name: thaw(task.data[name])}
         return out
 
+    def _where(self, task: Any) -> dict[str, Any]:
+        """An event item's ``context`` (the one it waits in) and, in a multi-instance, its ``instance``."""
+        return {"context": spiff.context_name_of(task), **self._instance_of(task)}
+
     def change_mark(self) -> tuple[Any, ...]:
         """What a run changes when it does anything: the status, what the instance waits for, the
         tapes, the confirmations, the error and every task's state (sub-workflows too)."""
@@ -2053,11 +2120,14 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 item.update(id=str(branch.id), event_id=item["task_id"], gateway_id=spiff.bpmn_id_of(task))
             if spiff.is_cycle(task):
                 item["repetitions_left"] = spiff.cycle_repetitions_left(task)
+            item.update(self._instance_of(task))
             waiting.append(item)
         # a message or signal catch says which event it waits for, and is listed even beside a
         # user task or a timer (a boundary message on a user task): `send` can deliver it
         catches = events.waiting_catches(wf)
-        caught = [c.item() for c in catches]
+        # where each waits, as a timer's item says it: the lines of a multi-instance wait for one
+        # event under one ``task_id``, told apart by their context and instance
+        caught = [{**c.item(), **self._where(c.task)} if c.task is not None else c.item() for c in catches]
         listed = {str(c.task.id) for c in catches if c.task is not None}
         nothing_else = not waiting
         for task in _all_tasks(wf, TaskState.WAITING):
@@ -2074,7 +2144,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             conditions = events.conditional_members(task.task_spec)
             for definition, event_id in conditions:
                 item = {"kind": "event", "id": str(task.id), "task_id": spiff.bpmn_id_of(task),
-                        "event_kind": "conditional", "condition": str(definition.expression).strip()}
+                        "event_kind": "conditional", "condition": str(definition.expression).strip(),
+                        **self._where(task)}
                 branch = spiff.gateway_branch(task, event_id)
                 if branch is not None:
                     item.update(id=str(branch.id), event_id=event_id, gateway_id=item["task_id"], never_fires=True)
@@ -2696,7 +2767,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
             return None
         handler = self._handler_for(spec.bpmn_id, cfg)
         if handler is not None:
-            write_result(actx, handler(actx))
+            result = handler(actx)
+            if cfg is not None and cfg.llm is not None:
+                _check_offline_answer(spec.bpmn_id, cfg, result)
+            write_result(actx, result)
             if actx.data:
                 write_result(actx, actx.data)
             return None
@@ -2898,7 +2972,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         kc = cfg.knowledge_config
         assert kc is not None
         retriever = self.engine.retriever_for(self.process)
-        query = _knowledge_query(ctx, kc.query, task)
+        query, absent = _knowledge_query(ctx, kc.query, task)
         kept = dropped = 0
         for collection in kc.rag_collections:
             for hit in retriever.retrieve(collection, query, top_k=kc.top_k):
@@ -2919,6 +2993,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
             if isinstance(retriever, BM25Retriever) else []
         if missing:
             data["missing"] = missing
+        if absent:  # a template field the context lacks reads as "": a misspelt key empties the query
+            data["absent"] = absent
         ctx.record("retrieval", actor="retriever", data=data)
 
     # ----- expressions and scripts ----------------------------------------------------------
@@ -3127,33 +3203,55 @@ def _all_tasks(wf: Any, state: int) -> list[Any]:
     return list(once.values())
 
 
-def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> str:
+def _knowledge_query(ctx: LayeredContext, template: str | None, task: Any) -> tuple[str, list[str]]:
+    """The retrieval query, and the template's fields the context does not hold (each read as "")."""
     if template:
+        fields = _Fields(ctx)
         try:
-            return template.format_map(_Fields(ctx))
+            return template.format_map(fields), fields.absent
         except (ValueError, IndexError):
-            return template
+            return template, []
     spec = task.task_spec
     parts = [spec.bpmn_name or spec.bpmn_id, getattr(spec, "documentation", None) or ""]
     for value in ctx.layer(Layer.PROCESS).values():
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             parts.append(str(value))
-    return " ".join(p for p in parts if p)
+    return " ".join(p for p in parts if p), []
 
 
 class _Fields(dict):  # type: ignore[type-arg]
-    """A query template's fields: the context keys it names (thawed on first use), "" for unknown ones.
-    Empty as a dict, so filling a template costs the keys it names, not the whole context."""
+    """A query template's fields: the context keys it names (thawed on first use), "" for unknown ones
+    (listed in ``absent``). Empty as a dict, so filling a template costs the keys it names, not the
+    whole context."""
 
     def __init__(self, ctx: LayeredContext) -> None:
         super().__init__()
         self._ctx = ctx
+        self.absent: list[str] = []
 
     def __missing__(self, key: str) -> Any:
         value = self._ctx.get(key, ABSENT)
+        if value is ABSENT:
+            self.absent.append(key)
         out = "" if value is ABSENT else thaw(value)
         self[key] = out
         return out
+
+
+def _check_offline_answer(bpmn_id: str, cfg: ActivityExtensionConfig, result: Any) -> None:
+    """A model step's offline handler stands in for the model: its answer is held to the same contract
+    (llm.outputSchema / outputKeys), so a run without a model cannot pass what the model's run refuses."""
+    llm = cfg.llm
+    if llm is None or not isinstance(result, Mapping) or not (llm.output_schema or llm.output_keys):
+        return
+    problems = answer_problems(result, schema=llm.output_schema, keys=llm.output_keys)
+    if problems:
+        contract = "llm.outputSchema" if llm.output_schema else "llm.outputKeys"
+        by = f" ({cfg.handler})" if cfg.handler else ""
+        raise ActivityError(f"model step {bpmn_id!r} ran offline: the answer of its handler{by} does not meet its "
+                            f"{contract}: {'; '.join(problems)}; nothing of it was written. A model's answer would be "
+                            f"refused the same way: make the handler answer as {contract} says (or correct "
+                            f"{contract}), then `layerflow resume` runs the step again", task_id=bpmn_id)
 
 
 def _script_name(kind: str, bpmn_id: str) -> str:
@@ -3344,7 +3442,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
         "error": instance.error,
         "created": instance.created,
         "updated": instance.updated,
-        "engine": {
+        "engine": cache.parts.of(f"instance record {instance.id!r}['engine']", {
             "branches": instance.branches,
             # a run's checkpoint (status running) waits for nothing yet: what it started from is
             # answered or fired, and what it will wait for is known when it stops
@@ -3356,7 +3454,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
             "activities": instance.activities,
             "suspended": instance.suspended,
             "cancelled": instance.cancelled,
-        },
+        }),
         "process": _process_part(instance),
         "workflow": workflow,
         "contexts": {name: cache.context_part(ctx) for name, ctx in instance.contexts.items()},
@@ -3382,6 +3480,7 @@ class _RecordCache:
     context (a branch: the one it was forked from), as dicts and as JSON text."""
 
     def __init__(self) -> None:
+        self.parts = _UnchangedParts()
         self._contexts: dict[str, _CachedContext] = {}
         # snapshot id -> (snapshot, its JSON text): the branches of one split share the
         # snapshot they were forked from, and it is converted once
@@ -3411,6 +3510,42 @@ class _RecordCache:
                 cached.snapshots[snap.id] = known[1]
                 cached.snapshots_text = None
         return cached
+
+
+class _UnchangedParts:
+    """The JSON text of the engine's bookkeeping in a record (branches, conflicts, compressions,
+    ...), kept while it does not change: most saves change none of it, and its floats (attention
+    scores) make it dear to encode. Whether a part changed is told by its ``marshal`` bytes, an
+    exact picture of plain Python values (``1``, ``1.0`` and ``True`` differ, so do key orders and
+    a list changed in place) that costs a fraction of the JSON. A part marshal cannot take (a
+    frozen context value in a conflict, an enum) stays the value it is, encoded by the store."""
+
+    #: parts the stores read (``timer_due``: the timer index): kept values
+    READ_BY_STORES = frozenset({"waiting_for"})
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[bytes, JSONText]] = {}
+
+    def of(self, what: str, parts: dict[str, Any]) -> dict[str, Any]:
+        """``parts`` with each list or dict that is as it was at the last call as its JSON text
+        (the others encoded now, or left to the store); ``InvalidRecord`` naming ``what`` and the
+        part when one is not JSON."""
+        out: dict[str, Any] = {}
+        for name, value in parts.items():
+            if type(value) is not list and type(value) is not dict or not value or name in self.READ_BY_STORES:
+                out[name] = value  # a scalar, or empty: as cheap to encode as to compare
+                continue
+            try:
+                mark = marshal.dumps(value)
+            except ValueError:  # a type marshal does not know
+                self._known.pop(name, None)
+                out[name] = value
+                continue
+            known = self._known.get(name)
+            if known is None or known[0] != mark:
+                known = self._known[name] = (mark, json_text(value, f"{what}[{name!r}]"))
+            out[name] = known[1]
+        return out
 
 
 @dataclass

@@ -127,6 +127,7 @@ from SpiffWorkflow.bpmn.specs import defaults as bpmn_defaults
 from SpiffWorkflow.util.deep_merge import DeepMerge
 from SpiffWorkflow.util.task import TaskState
 
+from context_layers.canonical import fast_encode
 from context_layers.errors import ActivityError
 from gateways.conditions import python_source
 
@@ -2157,7 +2158,8 @@ SERIALIZER = _serializer()
 _ENCODER = create_encoder(SERIALIZER.registry)
 # One encoder (json.dumps builds one per call). Strict (no NaN): the text goes into stored
 # records as it is. Compact: it is stored after every activity.
-_ENCODE = _ENCODER(separators=(",", ":"), allow_nan=False).encode
+_STRICT = _ENCODER(separators=(",", ":"), allow_nan=False)
+_ENCODE = fast_encode(_STRICT)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 # spec -> (its shape, its JSON text in that shape): see _spec_shape
 _SPEC_JSON: "weakref.WeakKeyDictionary[Any, tuple[int, str]]" = weakref.WeakKeyDictionary()
@@ -2174,11 +2176,30 @@ class _TaskTexts:
     # task id -> (its children's ids, their JSON list): for a task with many children
     children: dict[Any, tuple[tuple[Any, ...], str]] = field(default_factory=dict)
 
+    # task id -> (its parent's id when the parent is in the workflow, spec name, type, and the
+    # texts they make: see fixed)
+    fixed_parts: dict[Any, tuple[Any, str, type, tuple[str, str, str]]] = field(default_factory=dict)
+
     def quoted(self, task_id: Any) -> str:
         text = self.ids.get(task_id)
         if text is None:
             text = self.ids[task_id] = f'"{task_id}"'  # str(UUID) is slow Python
         return text
+
+    def fixed(self, task: Any, has_parent: bool, registry: Any) -> tuple[str, str, str]:
+        """The parts of a plain task's text that stay as long as the task does (its id, parent,
+        spec and typename): ``'{"id":..,"parent":..,"children":['``, ``'"task_spec":..,'`` and
+        ``',"typename":..}'``, written once per task, not at each of its changes. ``has_parent``:
+        whether the parent is in the task's workflow (a sub-workflow's root names one outside)."""
+        known = self.fixed_parts.get(task.id)
+        parent_id = task._parent if has_parent else None
+        name, kind = task.task_spec.name, type(task)
+        if known is None or known[0] != parent_id or known[1] != name or known[2] is not kind:
+            parent = self.quoted(parent_id) if has_parent else "null"
+            texts = (f'{{"id":{self.quoted(task.id)},"parent":{parent},"children":[', f'"task_spec":{_scalar_json(name)},',
+                     f',"typename":{_scalar_json(registry.typenames.get(kind))}}}')
+            known = self.fixed_parts[task.id] = (parent_id, name, kind, texts)
+        return known[3]
 
 
 _TASK_JSON: "weakref.WeakKeyDictionary[Any, _TaskTexts]" = weakref.WeakKeyDictionary()
@@ -2276,8 +2297,18 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
     any_data = any(task.data for task in tasks.values())
     parents: dict[int, tuple[bool, Any, tuple[Any, ...]]] = {}  # _task_fingerprint's, for this save
     parts = []
+    scalars = _SCALARS
     for tid, task in tasks.items():
-        mark = _task_fingerprint(task, tasks, any_data, parents)
+        if any_data:
+            mark = _task_fingerprint(task, tasks, any_data, parents)
+        else:  # _task_fingerprint of a task without data, inline: it runs for every task at every save
+            internal = tuple(task.internal_data.items())
+            mark = (task._state, task.last_state_change, task.triggered, tuple(task._children), internal,
+                    task._parent, task.task_spec.name, (), ())
+            for _, value in internal:
+                if type(value) not in scalars:
+                    mark = None
+                    break
         hit = cache.get(tid)
         if hit is not None and mark is not None and hit[0] == mark:
             parts.append(hit[1])
@@ -2296,9 +2327,12 @@ def _tasks_json(workflow: Any, registry: Any) -> str:
             del cache[tid]
             texts.ids.pop(tid, None)
             texts.children.pop(tid, None)
+            texts.fixed_parts.pop(tid, None)
     return "{" + ",".join(parts) + "}"
 
 
+# the delta of a task whose parent has no data, and it none either
+_NO_DELTA = '{"updates":{},"deletions":[]}'
 # does _plain_task_json write what the registry builds? checked once for each form: (has a
 # parent, has data or a parent with data)
 _PLAIN_TASKS: dict[tuple[bool, bool], bool] = {}
@@ -2335,21 +2369,24 @@ def _plain_task_json(task: Any, registry: Any, texts: _TaskTexts) -> str | None:
     form = (has_parent, bool(task.data or parent_data))
     if _PLAIN_TASKS.get(form) is False:
         return None
-    parent = texts.quoted(task._parent) if has_parent else "null"
     children = ",".join(map(texts.quoted, task._children))
     try:
-        if has_parent:
+        if has_parent and (task.data or parent_data):
             updates = ",".join(f"{_key_json(k)}:{_scalar_json(v)}" for k, v in task.data.items())
             deletions = ",".join(map(_key_json, parent_data))
             delta = f'{{"updates":{{{updates}}},"deletions":[{deletions}]}}'
         else:
-            delta = "{}"
-        internal = ",".join(f"{_key_json(k)}:{_scalar_json(v)}" for k, v in task.internal_data.items())
-        text = (f'{{"id":{texts.quoted(task.id)},"parent":{parent},"children":[{children}],'
-                f'"last_state_change":{_scalar_json(task.last_state_change)},"state":{_scalar_json(task._state)},'
-                f'"task_spec":{_scalar_json(task.task_spec.name)},"triggered":{_scalar_json(task.triggered)},'
-                f'"internal_data":{{{internal}}},"data":{{}},"delta":{delta},'
-                f'"typename":{_scalar_json(registry.typenames.get(type(task)))}}}')
+            delta = _NO_DELTA if has_parent else "{}"
+        internal = ",".join(f"{_key_json(k)}:{_scalar_json(v)}" for k, v in task.internal_data.items()) \
+            if task.internal_data else ""
+        head, spec, tail = texts.fixed(task, has_parent, registry)
+        changed, state, triggered = task.last_state_change, task._state, task.triggered
+        # the usual types written here (a float time, an int state, a bool), the others by _scalar_json
+        text = (f'{head}{children}],"last_state_change":'
+                f'{repr(changed) if type(changed) is float and math.isfinite(changed) else _scalar_json(changed)},'
+                f'"state":{int.__repr__(state) if type(state) is int else _scalar_json(state)},{spec}'
+                f'"triggered":{("true" if triggered else "false") if type(triggered) is bool else _scalar_json(triggered)},'
+                f'"internal_data":{{{internal}}},"data":{{}},"delta":{delta}{tail}')
     except ValueError:
         return None
     if form not in _PLAIN_TASKS:

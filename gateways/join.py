@@ -33,7 +33,7 @@ change ``summary:count:<pattern>``. Kept apart, the same entries would be counte
 two compressions of one key keep the base, would come back whole beside both counts); so the
 branches' counters of one pattern become one (``_counters``): the base entries any of them
 removed counted once and removed, each branch's own removed entries counted, the entries each
-kept verbatim listed. Which entries a counter removed is read from the branch's tape (each
+kept where they were listed (verbatim, summarized or extracted, once). Which entries a counter removed is read from the branch's tape (each
 compress event and the snapshot before it); when it does not tell, the counters stay apart.
 
 A count and a fold (or any compressions) of the same base entries: a base HISTORY entry that no
@@ -88,7 +88,8 @@ from typing import Any, NamedTuple
 
 from context_layers.attention import segment_history
 from context_layers.canonical import canonical_key, thaw
-from context_layers.compress_rules import COUNTER_GONE, count_key, counter_gone, is_protected_record
+from context_layers.compress_rules import (COUNTER_GONE, COUNTER_IN_PLACE, count_key, counter_gone,
+                                           counter_in_place, counter_lists, is_protected_record)
 from context_layers.context import MERGED_CONFLICTS_KEY
 from context_layers.config import ActivityExtensionConfig, CompressRule, as_config
 from context_layers.context import BRANCH_MARKERS, LayeredContext, LayerView, Snapshot, entry_kind, is_record_key
@@ -708,7 +709,7 @@ def _removed_by_counters(event: Event, before: Mapping[str, Any]) -> dict[str, s
         if not isinstance(record, Mapping) or not is_protected_record(key, record):
             continue
         rule = CompressRule(pattern=str(record.get("pattern") or key[len(COUNT_PREFIX):]), action="count_only")
-        kept = set(record.get("kept") or ())
+        kept = set(counter_in_place(record))
         out[key] = {k for k, v in changed.items() if v is DELETED and k in before and k not in kept
                     and rule.matches(entry_kind(k, thaw(before[k])), k)}
     return out
@@ -764,14 +765,22 @@ def _counters(base: Snapshot, counted: Mapping[str, Mapping[str, _Counted | None
         own = sum(len([k for k in c.removed if k not in base_h]) for c in known.values())
         before = thaw(base_h[key]) if key in base_h else {}
         dropped = int(before.get("dropped", 0) if isinstance(before, Mapping) else 0) + len(base_removed) + own
-        kept = [k for k in dict.fromkeys(k for c in known.values() for k in thaw(c.record).get("kept") or ())
-                if k not in base_removed]
+        # what the counters kept where it was, each entry once, listed as the first branch that lists it does
+        kept: dict[str, list[str]] = {"kept": []}
+        listed: set[str] = set()
+        for c in known.values():
+            for how, keys in counter_lists(thaw(c.record)).items():
+                for k in keys:
+                    if k not in base_removed and k not in listed:
+                        listed.add(k)
+                        kept.setdefault(how, []).append(k)
         # the kept entries an earlier join took away from a counter (``_counters_told``) stay counted
         away = {how: list(dict.fromkeys(k for c in known.values() for k in counter_gone(c.record).get(how, ())))
                 for how in COUNTER_GONE}
         away = {how: keys for how, keys in away.items() if keys}
-        record = {**{k: v for k, v in thaw(next(iter(known.values())).record).items() if k not in COUNTER_GONE},
-                  "count": dropped + len(kept) + sum(map(len, away.values())), "dropped": dropped, "kept": kept,
+        record = {**{k: v for k, v in thaw(next(iter(known.values())).record).items()
+                     if k not in COUNTER_GONE and k not in COUNTER_IN_PLACE},
+                  "count": dropped + len(listed) + sum(map(len, away.values())), "dropped": dropped, **kept,
                   **away}
         for b in known:
             over.setdefault(b, {})[key] = record
@@ -798,14 +807,16 @@ def _counters_told(history: Mapping[str, Any], changes: list[tuple[str, Any]], f
         record = thaw(value)
         if not isinstance(record, Mapping) or not is_protected_record(key, record):
             continue
-        kept = [k for k in record.get("kept") or () if isinstance(k, str)]
-        away = [k for k in kept if k not in merged]
+        lists = counter_lists(record)
+        away = [k for keys in lists.values() for k in keys if k not in merged]
         if not away:
             continue
         gone = counter_gone(record)
         for k in away:
             gone.setdefault("folded" if folded(k) else "deleted", []).append(k)
-        told[key] = {**record, "kept": [k for k in kept if k in merged], **gone}
+        still = {how: [k for k in keys if k in merged] for how, keys in lists.items()}
+        told[key] = {**{k: still[k] if k in still else v for k, v in record.items()
+                        if k not in still or still[k] or k == "kept"}, **gone}
     if not told:
         return changes
     return [*((k, told.pop(k) if k in told else v) for k, v in changes), *told.items()]

@@ -194,6 +194,7 @@ def resolve_by_policy(
     notes = steps if steps is not None else []
     key = conflict.key
     scope = _rule_variables(conflict, variables)
+    unevaluated = []  # rules the ranking stands in for without their condition read: a key absent, a typo
     for index, rule in enumerate(policy.rules):
         if not fnmatch.fnmatchcase(key, rule.key):
             continue
@@ -202,11 +203,18 @@ def resolve_by_policy(
             holds = evaluate_condition(rule.when, scope)
         except ExpressionError as err:
             notes.append(ResolutionStep(key, "policy", "skipped", f"rule {index} does not apply: {err}"))
+            unevaluated.append(f"rule {index} (when {rule.when!r}) did not apply: "
+                               f"{str(err).removesuffix(f' in expression {rule.when!r}')}")
             continue
         if holds:
             return Resolution(from_json_value(rule.value), "policy", rule.reason, needs_human=rule.confirm)
         notes.append(ResolutionStep(key, "policy", "skipped", f"rule {index}: condition {rule.when!r} does not hold"))
-    return _by_ranking(conflict, policy.rankings.get(key), notes)
+    ranked = _by_ranking(conflict, policy.rankings.get(key), notes)
+    if ranked is not None and unevaluated:
+        # the resolution is what run --json, _mergedConflicts and the summary show: a misspelt rule that
+        # left the decision to the ranking is named there, not on the tape alone
+        return dataclasses.replace(ranked, reason=f"{ranked.reason}; {'; '.join(unevaluated)}")
+    return ranked
 
 
 def _by_ranking(conflict: MergedConflict, ranking: list[Any] | None, notes: list[ResolutionStep]) -> Resolution | None:
@@ -715,6 +723,12 @@ def resolve_conflicts(
                      f"{config.merge_strategy}: write mergeStrategy: BRANCH_PRIORITY to let it decide.")
         if escalated:
             todo += (" " if todo else "") + f"{ESCALATION_IS_FINAL} (layerflow resume ID)."
+            # without a server (the CLI on a sqlite file), a branch's own value corrected so the branches
+            # agree settles it too: the join merges its branches again
+            key = escalated[0].key if len({c.key for c in escalated}) == 1 else "KEY"
+            branches = ", ".join(dict.fromkeys(b for c in escalated for b in c.conflicting_values))
+            todo += (f" Or correct a branch's own value so the branches agree: `layerflow resume ID --set "
+                     f"{key}=VALUE --context BRANCH_ID` (the branches: {branches}).")
         err = conflict_error([*unresolved, *escalated], gateway_id=gateway_id, why="; ".join(parts), todo=todo)
         err.steps = [s.to_dict() for s in steps]  # type: ignore[attr-defined]
         raise err

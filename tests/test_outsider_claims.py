@@ -728,12 +728,20 @@ def free_port() -> int:
 def server(tmp_path: Path) -> Iterator[httpx.Client]:
     catalog = tmp_path / "catalog"
     shutil.copytree(CLAIMS, catalog)
+    with serving(catalog, tmp_path / "served.db") as client:
+        yield client
+
+
+@contextlib.contextmanager
+def serving(catalog: Path, store_file: Path) -> Iterator[httpx.Client]:
+    """A real `layerflow serve` of `catalog` on a free port (store: the sqlite `store_file`), and a client
+    that sends its token."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "LAYERFLOW_STORE"}
     env.update(PYTHONPATH=str(ROOT), LAYERFLOW_API_TOKEN=TOKEN)
     process = subprocess.Popen(
         [sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--catalog", str(catalog), "--store", f"sqlite:///{tmp_path / 'served.db'}"],
+         "--catalog", str(catalog), "--store", f"sqlite:///{store_file}"],
         env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stderr is not None

@@ -60,7 +60,7 @@ from json.encoder import encode_basestring
 from typing import Any, Protocol, TypedDict, runtime_checkable
 from urllib.parse import quote
 
-from ..canonical import json_equal
+from ..canonical import fast_encode, json_equal
 from ..errors import ContextKeyError, LayerflowError, VersionConflict
 from .tape_parts import PART_BYTES, PartWriter, fetch_parts
 
@@ -68,6 +68,7 @@ __all__ = [
     "STORE_FORMAT",
     "INSTANCE_FORMAT",
     "TIMER_INDEX",
+    "DUE_AT_ONCE",
     "BLOB_MIN_BYTES",
     "Store",
     "InstanceSummary",
@@ -105,7 +106,10 @@ INSTANCE_FORMAT = 2
 #: Version of the timer index (``timer_due``) a store keeps. A store that does not say it
 #: holds this version (one written before the index existed) fills the index from its
 #: records, once, on the first ``due_instances``, and then records the version.
-TIMER_INDEX = 1
+TIMER_INDEX = 2  # 2: a timer due by the time the instance has seen is due at once (``timer_due``)
+
+#: The timer index value of a timer due already by the record's own time (``timer_due``): every bound reaches it.
+DUE_AT_ONCE = float("-inf")
 
 #: Snapshot parts whose JSON is at least this long are stored once, by hash.
 BLOB_MIN_BYTES = 128
@@ -394,9 +398,9 @@ class Store(Protocol):
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def dumps(value: Any) -> str:
-    """Compact JSON that keeps dict order (records and events are returned as given)."""
-    return _ENCODER.encode(value)
+#: Compact JSON that keeps dict order (records and events are returned as given); the
+#: encoder's C part built once (``canonical.fast_encode``)
+dumps = fast_encode(_ENCODER)
 
 
 def dumps_checked(value: Any, what: str) -> str:
@@ -519,6 +523,10 @@ def timer_due(record: Mapping[str, Any], fix: str = "cancel the instance (layerf
     A due time that is not ISO 8601 text raises ``InvalidRecord`` naming the instance and
     the field, and saying what to do (``fix``): a timer the index cannot place would never
     be found, so a save refuses it rather than keep it silently.
+
+    An instance's clock never runs behind the latest time it has seen, its record's ``created``
+    and ``updated``: a timer due by then is due whatever the clock of whoever asks (an engine
+    whose clock is behind the one that saved the record), so it is indexed ``DUE_AT_ONCE``.
     """
     if record.get("status") != "waiting":
         return None
@@ -542,6 +550,10 @@ def timer_due(record: Mapping[str, Any], fix: str = "cancel the instance (layerf
                                 "ISO 8601 time such as '2026-01-05T09:00:00+00:00', so the timer index cannot place "
                                 f"its timer; {fix}")
         earliest = when if earliest is None else min(earliest, when)
+    seen = max((t for t in (_moment(record.get("created")), _moment(record.get("updated"))) if t is not None),
+               default=None)
+    if earliest is not None and seen is not None and earliest <= seen:
+        return DUE_AT_ONCE
     return earliest
 
 
@@ -576,13 +588,21 @@ def encode_record(record: Mapping[str, Any], what: str) -> str:
 
 def _encode_into(out: list[str], value: dict[Any, Any], what: str, path: tuple[Any, ...]) -> None:
     """Append the JSON text of ``value`` to ``out``: ``JSONText`` parts as they are, dicts that
-    hold some the same way, each run of other items in one encoder call, in order."""
+    hold some the same way, strings, ints, bools and None (a context head's fields) written
+    here, each run of other items in one encoder call, in order."""
     out.append("{")
     sep = ""
     plain: dict[Any, Any] = {}
+    scalars = _SCALAR_JSON
     for key, item in value.items():
-        if not (type(item) is JSONText or (type(item) is dict and _holds_text(item))):
-            plain[key] = item
+        kind = type(item)
+        if kind is not JSONText and not (kind is dict and _holds_text(item)):
+            scalar = scalars.get(kind) if type(key) is str and not plain else None
+            if scalar is None:
+                plain[key] = item  # for a few of them an encoder call costs more than the items
+            else:
+                out += (sep, encode_basestring(key), ":", scalar(item))
+                sep = ","
             continue
         if not isinstance(key, str):
             raise InvalidRecord(f"{_part(what, path)} has the key {key!r} before a JSON text part; keys are str")
@@ -593,7 +613,7 @@ def _encode_into(out: list[str], value: dict[Any, Any], what: str, path: tuple[A
             out.append(sep)
         out += (encode_basestring(key), ":")
         sep = ","
-        if isinstance(item, JSONText):
+        if kind is JSONText:
             out.append(item.text)
         else:
             _encode_into(out, item, what, (*path, key))
@@ -614,17 +634,7 @@ _SCALAR_JSON: dict[type, Callable[[Any], str]] = {
 
 
 def _plain_items(items: dict[Any, Any], what: str, path: tuple[Any, ...]) -> str:
-    """``"k":v,...`` for a run of items, or ``InvalidRecord`` naming where they are.
-    Strings, ints, bools and None (a context head's fields) are written here directly:
-    for a few of them an encoder call costs more than the items."""
-    texts = []
-    for key, value in items.items():
-        scalar = _SCALAR_JSON.get(type(value))
-        if scalar is None or type(key) is not str:
-            break
-        texts.append(f"{encode_basestring(key)}:{scalar(value)}")
-    else:
-        return ",".join(texts)
+    """``"k":v,...`` for a run of items, or ``InvalidRecord`` naming where they are."""
     try:
         return dumps(items)[1:-1]
     except (TypeError, ValueError):

@@ -195,7 +195,7 @@ def test_without_a_message_variable_the_payload_keys_go_to_working(tmp_path: Pat
     engine, instance = started(tmp_path, CATCH, {"claim_id": "CL-7"})
     [item] = instance.waiting_for
     assert item == {"kind": "event", "id": item["id"], "task_id": "wait_docs", "event": "documents_received",
-                    "event_kind": "message"}
+                    "event_kind": "message", "context": "main"}
     done = engine.send_event(engine.load(instance.id), "documents_received", {"files": ["a.pdf", "b.pdf"]})
     assert done.status == "completed", done.error
     history = done.main.layer(Layer.HISTORY)

@@ -43,7 +43,7 @@ def claim(cli, tmp_path: Path) -> str:
     assert result.exit_code == 3, result.stderr
     doc = json.loads(result.stdout)
     assert doc["waiting_for"][1] == {"kind": "event", "id": doc["waiting_for"][1]["id"], "task_id": "receive_documents",
-                                     "event": "documents_received", "event_kind": "message"}
+                                     "event": "documents_received", "event_kind": "message", "context": "main"}
     return str(doc["instance_id"])
 
 

@@ -307,7 +307,8 @@ def test_replay_until_matches_the_tape(done: tuple[str, dict[str, Any]]) -> None
     proc = cli("replay", iid, "--until", "9999", "--store", store, "--json")
     assert proc.returncode == 0, proc.stderr
     past = doc_of(proc)
-    assert past["tape_end"] == seqs[-1] and past["until"] == 9999 and past["layers"] == doc["layers"]
+    assert past["tape_end"] == past["until"] == seqs[-1] and past["until_requested"] == 9999
+    assert past["layers"] == doc["layers"]
 
 
 def test_rollback_brings_folded_notes_back(done: tuple[str, dict[str, Any]]) -> None:

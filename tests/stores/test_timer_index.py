@@ -13,7 +13,7 @@ import pytest
 
 from context_layers.errors import VersionConflict
 from context_layers.stores import InstanceNotFound, InvalidRecord, TapeSequenceError, open_store
-from context_layers.stores.base import TIMER_INDEX, timer_due
+from context_layers.stores.base import DUE_AT_ONCE, TIMER_INDEX, timer_due
 
 from .conftest import REDIS_URL, Backend, forget_timer_index, indexed
 
@@ -66,6 +66,19 @@ def test_due_times_in_other_zones_and_without_one_are_placed_in_utc(store):
     store.create(waiting("zulu", "2026-01-05T09:03:00Z"))
     assert due_ids(store, minutes(3)) == ["naive", "paris", "zulu"]
     assert timer_due(waiting("x", "2026-01-05T10:00:00+01:00")) == NOW
+
+
+def test_a_timer_due_by_the_records_own_time_is_listed_whatever_the_bound(store):
+    """An instance's clock never runs behind its record's ``updated``: a clock ahead saved it after
+    its timer's due time without firing it (an inject), so it is due for an engine behind too."""
+    store.create(waiting("ahead", at(60), created=minutes(0), updated=minutes(90)))
+    store.create(waiting("later", at(120), created=minutes(0), updated=minutes(90)))
+    store.create(waiting("plain", at(30), created=minutes(0), updated=minutes(0)))
+    assert due_ids(store, minutes(-600)) == ["ahead"]
+    assert due_ids(store, minutes(30)) == ["ahead", "plain"]
+    assert due_ids(store, minutes(120)) == ["ahead", "plain", "later"]
+    assert timer_due(waiting("x", at(60), updated=minutes(60))) == DUE_AT_ONCE  # due at the save's time
+    assert timer_due(waiting("x", at(60), updated=minutes(59))) == minutes(60)
 
 
 def change(store, iid: str, record: dict) -> None:
