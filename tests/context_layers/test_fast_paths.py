@@ -106,7 +106,7 @@ def values(draw: Any) -> Any:
 HISTORY = st.lists(st.tuples(KEYS, values()), max_size=12, unique_by=lambda kv: kv[0])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(HISTORY)
 def test_classifications_are_the_plain_definitions(history: list[tuple[str, Any]]) -> None:
     frozen = [(k, freeze(v)) for k, v in history]
@@ -123,7 +123,7 @@ def test_classifications_are_the_plain_definitions(history: list[tuple[str, Any]
             assert is_tool_entry(k, v) == is_tool_entry_ref(k, v)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(HISTORY, st.lists(st.tuples(KEYS, values()), max_size=4, unique_by=lambda kv: kv[0]))
 def test_scope_and_scores_are_the_plain_definitions(history: list[tuple[str, Any]],
                                                     working: list[tuple[str, Any]]) -> None:
@@ -208,7 +208,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.
                     | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=8)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(JSON, st.sampled_from(["notes", "tool:search", "a"]))
 def test_a_frozen_values_remembered_text_and_what_it_keys_are_the_plain_ones(value: Any, key: str) -> None:
     frozen = freeze(value)
