@@ -28,24 +28,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Generic, NamedTuple, TypeVar, overload
 
 from .canonical import MEMO_CHARS, FrozenDict, Memo, canonical_key, remember_value
-from .context import MERGED_CONFLICTS_KEY, TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key, names_tool_result
+from .context import (MERGED_CONFLICTS_KEY, TOOL_RESULT_KINDS, LayeredContext, Snapshot, entry_kind, is_record_key,
+                      layer_items, names_tool_result)
 from .layers import Layer
 from .similarity import near_duplicate_clusters, word_sets
 from .tokens import count_value
 
+from .config import ActivityExtensionConfig, as_config
+
 if TYPE_CHECKING:
-    from .config import ActivityExtensionConfig, AttentionThresholds
+    from .config import AttentionThresholds
 
 
 def _as_config(config: "ActivityExtensionConfig | Mapping[str, Any] | None") -> ActivityExtensionConfig:
     """The config as given, or its JSON form validated (as the seed writes it)."""
-    from .config import as_config
-
-    return as_config(config)
+    return config if type(config) is ActivityExtensionConfig else as_config(config)
 
 
 __all__ = [
@@ -83,8 +83,10 @@ FIRE_BELOW = frozenset({"density", "decay", "toolEfficiency"})
 # ----- the scope ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ScopeEntry:
+class ScopeEntry(NamedTuple):
+    """One scope entry: its layer, key, (frozen) value and token count. A named tuple: a scope is
+    built after every activity, and a frozen dataclass took longer to build than the rest of it."""
+
     layer: Layer
     key: str
     value: Any
@@ -93,6 +95,34 @@ class ScopeEntry:
     @property
     def kind(self) -> str:
         return entry_kind(self.key, self.value)
+
+
+_T = TypeVar("_T")
+
+
+class _computed_once(Generic[_T]):  # noqa: N801 - used as a decorator, like functools.cached_property
+    """``functools.cached_property`` without its lock (Python 3.11 takes one on every first read,
+    which cost more than the property itself): a scope is read by one thread, and a value computed
+    twice by two threads would be the same value (the properties are pure functions of the scope)."""
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> "_computed_once[_T]": ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> "_T | _computed_once[_T]":
+        if obj is None:
+            return self
+        value = self.fn(obj)
+        obj.__dict__[self.name] = value  # found before this (non-data) descriptor from now on
+        return value
 
 
 @dataclass(frozen=True)
@@ -106,15 +136,15 @@ class Scope:
 
     # computed once: the scores and the compressor read them again and again
 
-    @cached_property
+    @_computed_once
     def entries(self) -> tuple[ScopeEntry, ...]:
         return self.history + self.working
 
-    @cached_property
+    @_computed_once
     def tokens(self) -> int:
         return sum(e.tokens for e in self.history) + sum(e.tokens for e in self.working)
 
-    @cached_property
+    @_computed_once
     def segments(self) -> Segments:
         """``segment_history`` of HISTORY."""
         return segment_history([(e.key, e.value) for e in self.history])
@@ -143,10 +173,14 @@ class Scope:
                    preserved=frozenset(preserved), merged_conflicts=merged_conflicts)
 
 
+_TUPLE_NEW = tuple.__new__
+
+
 def _layer_entries(source: LayeredContext | Snapshot, layer: Layer) -> tuple[ScopeEntry, ...]:
-    view = source.layer(layer)
     if isinstance(source, LayeredContext):
-        return tuple(ScopeEntry(layer, k, view[k], source.key_tokens(layer, k)) for k in view)
+        # ScopeEntry(layer, k, v, n), without the named tuple's own __new__ (a call more per entry)
+        return tuple([_TUPLE_NEW(ScopeEntry, (layer, k, v, n)) for k, v, n in layer_items(source, layer)])
+    view = source.layer(layer)
     # Snapshots keep their token counts in their state; recount if a future state lacks them.
     counts = getattr(getattr(source, "state", None), "tokens", None)
     table = counts[layer] if counts is not None else {}
@@ -154,11 +188,8 @@ def _layer_entries(source: LayeredContext | Snapshot, layer: Layer) -> tuple[Sco
 
 
 def _resolve(source: LayeredContext | Snapshot, key: str) -> Any:
-    for layer in Layer:
-        view = source.layer(layer)
-        if key in view:
-            return view[key]
-    return None
+    """The value a read of ``key`` gives, ``None`` when no layer holds it."""
+    return source.get(key)
 
 
 # ----- HISTORY segmentation ---------------------------------------------------------------
@@ -191,24 +222,41 @@ class Segments:
         return frozenset(self.records[-n:]) if n > 0 else frozenset()
 
 
+_PLAIN, _RECORD, _COMPRESSOR = 0, 1, 2
+
+
 def segment_history(history: Sequence[tuple[str, Any]]) -> Segments:
-    # scored after every activity: classify each entry once
-    marked = [(k, v, is_activity_record(k, v)) for k, v in history]
-    records = [k for k, _, is_record in marked if is_record]
+    # scored after every activity: classify each entry once, in one test per entry
+    # (``is_compressor_record`` first, then ``is_activity_record``, as the owner rule reads)
+    marked: list[tuple[str, int]] = []
+    records: list[str] = []
     listed: dict[str, str] = {}
-    for k, v, is_record in marked:
-        if is_record:
-            keys = v.get("keys") if isinstance(v, dict) else None
-            if isinstance(keys, list):
-                for written in keys:
-                    if isinstance(written, str):
-                        listed[written] = k
+    for k, v in history:
+        if isinstance(v, dict):
+            if k.startswith("compaction:") or v.get("_compressed") == "count_only":
+                marked.append((k, _COMPRESSOR))
+                is_record = k.startswith("activity:") and v.get("kind") == "activity"
+            elif k.startswith("activity:") and v.get("kind") == "activity":
+                marked.append((k, _RECORD))
+                is_record = True
+            else:
+                marked.append((k, _PLAIN))
+                continue
+            if is_record:  # a compressor record may be an activity record too: it still lists its keys
+                records.append(k)
+                keys = v.get("keys")
+                if isinstance(keys, list):
+                    for written in keys:
+                        if isinstance(written, str):
+                            listed[written] = k
+        else:
+            marked.append((k, _COMPRESSOR if k.startswith("compaction:") else _PLAIN))
     owner: dict[str, str | None] = {}
     following: str | None = None
-    for k, v, is_record in reversed(marked):
-        if is_compressor_record(k, v):
+    for k, mark in reversed(marked):
+        if mark == _COMPRESSOR:
             owner[k] = COMPACTED
-        elif is_record:
+        elif mark == _RECORD:
             owner[k] = k
             following = k
         else:
@@ -239,7 +287,8 @@ def density(scope: Scope) -> float:
 
 
 def _redundancy(scope: Scope) -> tuple[float, dict[str, Any]]:
-    entries = [e for e in scope.entries if not is_compressed(e.key, e.value)]
+    entries = [e for e in scope.entries  # is_compressed, inlined
+               if not (e.key.startswith("compaction:") or (isinstance(e.value, dict) and "_compressed" in e.value))]
     clusters = near_duplicate_clusters(word_sets((e.key, e.value) for e in entries))
     counted = clusters.counted
     value = clusters.redundant / counted if counted > 1 else 0.0
@@ -403,14 +452,14 @@ def tool_result_useful(value: Any, seen: set[str] | None = None) -> bool:
 
 
 # Two memories of _tool_mark for frozen values (context values: validated JSON), both
-# bounded by entries and by the characters of the values' reprs (cleared when full):
+# bounded by entries and by the characters of the values' canonical texts (cleared when full):
 # * id(value) -> (value, mark): a tool result is scored after every activity while it
 #   stays in HISTORY; frozen values never change, and holding the value keeps its id
 #   unique;
-# * repr(value) -> mark: every instance of a process gets the same results from the
-#   same tools, as new objects. Context values hold JSON types only (``freeze``), whose
-#   repr tells equal values from unequal ones, and rendering it costs a fraction of
-#   the mark.
+# * canonical text -> mark: every instance of a process gets the same results from the
+#   same tools, as new objects. The text tells equal values from unequal ones (the mark
+#   does not depend on key order either), and was made when the value's tokens were
+#   counted (``canonical_text``).
 _MARKS_BY_ID: Memo[tuple[Any, int], tuple[Any, str]] = Memo(1 << 14, chars=MEMO_CHARS)
 _MARKS_BY_TEXT: Memo[tuple[Any, str], str] = Memo(1 << 12, chars=MEMO_CHARS)
 
@@ -452,8 +501,18 @@ def classify_tool_entries(entries: Iterable[tuple[str, Any]]) -> ToolReport:
     results: list[tuple[str, Any]] = []
     calls: list[tuple[str, Any]] = []
     for k, v in entries:
-        if is_tool_entry(k, v) and not is_compressed(k, v):
-            (calls if entry_kind(k, v) == "tool_call" else results).append((k, v))
+        # is_tool_entry and not is_compressed, with the entry's kind read once
+        if isinstance(v, dict):
+            kind = v.get("kind")
+            if not isinstance(kind, str):
+                kind = "data"
+            if not (k.startswith("tool:") or kind in _TOOL_KINDS or (kind == "data" and names_tool_result(k))):
+                continue
+            if "_compressed" in v or k.startswith("compaction:"):
+                continue
+            (calls if kind == "tool_call" else results).append((k, v))
+        elif names_tool_result(k) and not k.startswith("compaction:"):
+            results.append((k, v))
     answered: set[str] = set()
     for _, v in results:
         answered |= _call_ids(v)

@@ -20,8 +20,8 @@ import unicodedata
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["canonical_json", "canonical_key", "json_equal", "thaw", "freeze", "text_problem", "key_problem", "FrozenDict",
-           "FrozenList", "MEMO_CHARS", "Memo", "remember_value"]
+__all__ = ["canonical_json", "canonical_key", "canonical_text", "json_equal", "thaw", "freeze", "text_problem",
+           "key_problem", "FrozenDict", "FrozenList", "MEMO_CHARS", "Memo", "remember_value"]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -335,18 +335,43 @@ class Memo(dict[K, V], Generic[K, V]):
         self.chars = 0
 
 
+# canonical_json of frozen objects and lists (context values), by identity: a value's text is made
+# when its tokens are counted (every write), and read again by the memories below (attention scores
+# after an activity, a join counting the values it merges) without walking the value again. The
+# memo holds the value, so its id is not reused while remembered; bounded by entries and characters,
+# few of them: what it saves is for the values of the instance running now (the text of an equal value
+# of another instance is found by the memories keyed by text).
+_TEXTS_BY_ID: "Memo[int, tuple[Any, str]]" = Memo(1 << 12, chars=MEMO_CHARS // 8)
+
+
+def canonical_text(value: Any) -> str:
+    """``canonical_json(value)``, remembered for frozen values (``FrozenDict``, ``FrozenList``)."""
+    t = type(value)
+    if t is not FrozenDict and t is not FrozenList:
+        return canonical_json(value)
+    hit = _TEXTS_BY_ID.get(id(value))
+    if hit is not None and hit[0] is value:
+        return hit[1]
+    text = canonical_json(value)
+    # charged for the text and for the value it holds (about as large): a memory of long values
+    # stays within its bound whichever of the memories below also holds them
+    _TEXTS_BY_ID.put(id(value), (value, text), chars=2 * len(text))
+    return text
+
+
 def remember_value(by_id: "Memo[tuple[Any, int], tuple[Any, V]]", by_text: "Memo[tuple[Any, str], V]",
                    key: Any, value: Any, compute: Callable[[], V], *, cost: Callable[[V], int] | None = None) -> V:
     """``compute()`` for an immutable context value, remembered by identity (the memo holds
-    the value, so its id is not reused while remembered) and by ``key`` and ``repr`` (an
-    equal value built anew: context values hold JSON types only, whose repr tells equal
-    values from unequal ones). Both memories are charged the length of the repr (what the
-    value takes, held as an object or as its text) and what the result takes: its length when it
-    is a text, else ``cost(result)`` (in bytes, roughly), else nothing."""
+    the value, so its id is not reused while remembered) and by ``key`` and canonical text (an
+    equal value built anew: ``canonical_text``, which tells JSON values apart up to the order of
+    an object's keys, which the computations remembered here do not depend on). Both memories are
+    charged the length of the text (what the value takes, held as an object or as its text) and
+    what the result takes: its length when it is a text, else ``cost(result)`` (in bytes, roughly),
+    else nothing."""
     hit = by_id.get((key, id(value)))
     if hit is not None and hit[0] is value:
         return hit[1]
-    text = (key, repr(value))
+    text = (key, canonical_text(value))
     out = by_text.get(text)
     fresh = out is None
     if out is None:

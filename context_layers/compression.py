@@ -71,7 +71,7 @@ from .attention import (
     is_compressed,
     is_compressor_record,
 )
-from .canonical import canonical_json, thaw
+from .canonical import canonical_json, freeze, thaw
 from .compress_rules import Judged, SummaryCache, apply_rules, counter_basis, counter_in_place, extract_paths
 from .config import ActivityExtensionConfig, as_config
 from .context import LayeredContext, entry_kind
@@ -355,7 +355,8 @@ class RuleDrivenCompressor:
                   "entries_affected": len(changes), "compaction_key": compaction_key, "target_tokens": target,
                   "folded": len(folded), "dropped": list(dropped), "source": source,
                   "attention_before": before.to_dict()}
-        event = ctx.apply_changes(changes, kind="compress", actor=actor,
+        changes, counted = _frozen_counted(changes, tok)
+        event = ctx.apply_changes(changes, kind="compress", actor=actor, tokens=counted,
                                   data={**report, "tokens_after": sum(tok(v) for _, v in final) + working_tokens})
         tokens_after = ctx.tokens(Layer.HISTORY) + ctx.tokens(Layer.WORKING)
         after_score = AttentionScore.compute(ctx, config, recent_activities=self.recent_activities)
@@ -747,6 +748,27 @@ def _diff(original: Sequence[tuple[str, Any]], final: Sequence[tuple[str, Any]],
         if o is DELETED or (o is not v and (tok(o) != tok(v) or canonical_json(o) != canonical_json(v))):
             changes.append((Layer.HISTORY, k, v))
     return changes
+
+
+def _frozen_counted(changes: list[tuple[Layer, str, Any]],
+                    tok: Callable[[Any], int]) -> tuple[list[tuple[Layer, str, Any]], dict[int, int]]:
+    """The changes with their values frozen, and the token counts the compressor made of them (by
+    ``id`` of the frozen values, alive in the changes): ``apply_changes`` freezes a value it is
+    given (a copy) and counts it again. A frozen copy has the canonical text of its value, so the
+    same count. A value that does not freeze is passed on as it is, for ``apply_changes`` to refuse."""
+    out: list[tuple[Layer, str, Any]] = []
+    counted: dict[int, int] = {}
+    for layer, key, value in changes:
+        if value is not DELETED:
+            try:
+                frozen = freeze(value)
+            except (TypeError, ValueError):
+                frozen = value
+            else:
+                counted[id(frozen)] = tok(value)
+            value = frozen
+        out.append((layer, key, value))
+    return out, counted
 
 
 def _met(tokens: int, entries: int, target: int | None, entry_target: int | None) -> bool | None:

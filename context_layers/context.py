@@ -20,11 +20,11 @@ from typing import Any, Callable, NamedTuple
 
 import immutables
 
-from .canonical import FrozenDict, canonical_json, freeze, key_problem, thaw
+from .canonical import FrozenDict, FrozenList, canonical_json, freeze, key_problem, thaw
 from .errors import ContextKeyError, ContextValueError, ContextWriteDenied, LayerflowError
 from .layers import Layer
 from .markers import DELETED
-from .tape import TAPE_FORMAT, Change, Event, EventKind, Tape
+from .tape import TAPE_FORMAT, Change, Event, EventKind, Tape, new_event
 from .tokens import DEFAULT_ENCODING, count_value
 
 __all__ = ["BRANCH_MARKERS", "MERGED_CONFLICTS_KEY", "LayeredContext", "Snapshot", "Entry", "View", "RECORD_PREFIXES", "entry_kind",
@@ -63,6 +63,8 @@ def names_tool_result(key: str) -> bool:
     """Whether a key says its entry is a tool's result: a ``tool:`` record (DESIGN.md's HISTORY
     records), or a key that is, or begins up to a separator, ``tool_call_result``/``tool_result``
     (as a compress rule's plain-word pattern matches it: ``tool_call_result_1``)."""
+    if not key.startswith("tool"):  # every name it may be (``tool:``, TOOL_RESULT_KINDS) begins so
+        return False
     if key.startswith("tool:"):
         return True
     return any(key == name or key_begins(key, name) for name in TOOL_RESULT_KINDS)
@@ -168,6 +170,21 @@ class Snapshot:
 
     def key_tokens(self, layer: Layer | int | str, key: str) -> int:
         return self.state.tokens[Layer.parse(layer)][key]
+
+
+_SNAPSHOT_SLOTS = tuple(Snapshot.__dict__[f].__set__ for f in ("id", "context", "seq", "state", "label"))
+
+
+def _new_snapshot(sid: str, context: str, seq: int, state: _State, label: str | None) -> Snapshot:
+    """``Snapshot(...)`` built by setting its slots (see ``tape.new_event``): every activity takes one."""
+    snap = object.__new__(Snapshot)
+    s_id, s_context, s_seq, s_state, s_label = _SNAPSHOT_SLOTS
+    s_id(snap, sid)
+    s_context(snap, context)
+    s_seq(snap, seq)
+    s_state(snap, state)
+    s_label(snap, label)
+    return snap
 
 
 class LayerView(Mapping[str, Any]):
@@ -530,11 +547,14 @@ class LayeredContext:
     # ----- privileged operations (engine, gateways, compressor) -------------------------
 
     def apply_changes(self, changes: Iterable[tuple[Layer | int, str, Any]], *, kind: str, actor: str,
-                      data: Mapping[str, Any] | None = None) -> Event:
+                      data: Mapping[str, Any] | None = None, tokens: Mapping[int, int] | None = None) -> Event:
         """Apply engine changes without permission checks (join results, compression).
 
         SYSTEM can never change; PROCESS only gains keys. Values are validated first:
-        nothing is applied if one of them is not JSON-compatible.
+        nothing is applied if one of them is not JSON-compatible. ``tokens``: token counts
+        the caller knows already, by ``id`` of the (frozen) values it passes, which stay alive
+        in ``changes`` for the call (the compressor counted every value it made); a value
+        not in it is counted here.
         """
         checked: list[Change] = []
         for layer, key, value in changes:
@@ -545,7 +565,7 @@ class LayeredContext:
             if layer == Layer.PROCESS and (value is DELETED or key in self._state.layers[Layer.PROCESS]):
                 raise ContextWriteDenied(key, layer, layer, "L1 PROCESS is append-only")
             checked.append((layer, key, value if value is DELETED else self._freeze(key, value)))
-        return self._emit(EventKind.CHANGES, actor, changes=checked, data={"note": kind, **(data or {})})
+        return self._emit(EventKind.CHANGES, actor, changes=checked, data={"note": kind, **(data or {})}, tokens=tokens)
 
     def record(self, kind: str, *, actor: str, data: Mapping[str, Any] | None = None) -> Event:
         """Append an event that changes no state (split, conflict, resolution, model call, ...)."""
@@ -602,21 +622,25 @@ class LayeredContext:
         while record_key in history:
             n += 1
             record_key = f"{record_kind}:{task_id}#{n}"
-        record = freeze({
+        fields = {
             "kind": record_kind,
             "activity": task_id,
             "status": status,
             "summary": summary if summary is not None else _default_summary(task_id, status, written),
             "keys": written,
             "tokens": written_tokens,
-            **(details or {}),
-        })
+        }
+        if details or not all(isinstance(v, str) and v.isascii() for v in (task_id, status, fields["summary"])):
+            record = freeze({**fields, **(details or {})})
+        else:  # what freeze gives: ASCII text, an int and checked keys need no check (the common case)
+            fields["keys"] = FrozenList(written)
+            record = FrozenDict(fields)
         changes.append((Layer.HISTORY, record_key, record))
         preserve = [k for k in dict.fromkeys(preserve_keys) if k not in s.preserved]
         self._emit(EventKind.COMPLETE, actor or task_id, changes=changes, activity=task_id,
                    data={"task_id": task_id, "record_key": record_key, "status": status, "preserve": preserve})
-        out: dict[str, Any] = thaw(record)
-        return out
+        # thaw(record), without a call for each of its scalars (the keys are strings)
+        return {k: thaw(v) if isinstance(v, (dict, list)) else v for k, v in record.items()}
 
     def _written_tokens(self, key: str) -> int:
         """Tokens of ``key``'s value as an activity leaves it: WORKING's, which moves into HISTORY,
@@ -719,7 +743,8 @@ class LayeredContext:
     # ----- the one state transition ------------------------------------------------------
 
     def _emit(self, kind: EventKind, actor: str, *, changes: Iterable[Change] = (), data: Mapping[str, Any] | None = None,
-              activity: str | None = None, snapshot: Snapshot | None = None) -> Event:
+              activity: str | None = None, snapshot: Snapshot | None = None,
+              tokens: Mapping[int, int] | None = None) -> Event:
         seq = self._tape.next_seq
         if kind in _TAKES_SNAPSHOT:
             data = {**(data or {}), "snapshot_id": self.next_snapshot_id}
@@ -730,18 +755,17 @@ class LayeredContext:
                 frozen = freeze(data if type(data) is dict else dict(data))
             except ValueError as err:  # a label, reason or note that no tape can carry (NaN, a lone surrogate)
                 raise ContextValueError(f"{kind.value} event data", str(err)) from None
-        event = Event(seq=seq, kind=kind, time=self.clock(), actor=actor,
-                      activity=activity if activity is not None else self._state.activity,
-                      branch=self.branch_id, changes=tuple(changes), data=frozen, snapshot=snapshot)
-        self._state = self._apply(self._state, event)
+        event = new_event(seq, kind, self.clock(), actor, activity if activity is not None else self._state.activity,
+                          self.branch_id, tuple(changes), frozen, snapshot)
+        self._state = self._apply(self._state, event, tokens)
         self._tape._append(event)
         return event
 
-    def _apply(self, s: _State, e: Event) -> _State:
+    def _apply(self, s: _State, e: Event, counted: Mapping[int, int] | None = None) -> _State:
         if e.kind == EventKind.FORK:
             base = e.snapshot.state if e.snapshot is not None else _State.empty()
-            s = base._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None, counter=max(base.counter, s.counter),
-                        layers=(*base.layers[:5], _EMPTY), tokens=(*base.tokens[:5], _EMPTY), totals=(*base.totals[:5], 0))
+            s = _State((*base.layers[:5], _EMPTY), (*base.tokens[:5], _EMPTY), (*base.totals[:5], 0), base.preserved,
+                       max(base.counter, s.counter), None, _EMPTY, None, base.iterations)
         elif e.kind in (EventKind.RESTORE, EventKind.ABORT) and e.snapshot is not None:
             # an abort undoes the failed activity in every layer but SYSTEM (it fixed nothing);
             # a restore names its layers (never SYSTEM or PROCESS)
@@ -757,9 +781,11 @@ class LayeredContext:
                 # so its record at completion names only the keys it still holds
                 s = s._replace(activity_keys=was.activity_keys)
         if e.changes:
-            s = self._apply_changes(s, e.changes, e.seq)
+            s = self._apply_changes(s, e.changes, e.seq, counted)
+        # _State(...) rather than s._replace(...) below: NamedTuple's _replace costs more than the rest
         if e.kind == EventKind.BEGIN:
-            s = s._replace(activity=e.data["task_id"], activity_keys=_EMPTY, begin_snapshot=e.data["snapshot_id"])
+            s = _State(s.layers, s.tokens, s.totals, s.preserved, s.counter, e.data["task_id"], _EMPTY,
+                       e.data["snapshot_id"], s.iterations)
         elif e.kind in _ONE_KEY and s.activity is not None:
             key = e.changes[0][1]
             if key not in s.activity_keys:
@@ -769,8 +795,8 @@ class LayeredContext:
             task_id = e.data["task_id"]
             record_key = e.data["record_key"]
             n = int(record_key.rsplit("#", 1)[1]) if "#" in record_key else 1
-            s = s._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None,
-                        iterations=s.iterations.set(task_id, n))
+            s = _State(s.layers, s.tokens, s.totals, s.preserved, s.counter, None, _EMPTY, None,
+                       s.iterations.set(task_id, n))
         elif e.kind == EventKind.ABORT:
             s = s._replace(activity=None, activity_keys=_EMPTY, begin_snapshot=None)
         preserve = e.data.get("preserve") if e.data else None
@@ -778,21 +804,23 @@ class LayeredContext:
             with s.preserved.mutate() as m:
                 for k in preserve:
                     m[k] = True
-                s = s._replace(preserved=m.finish())
+                s = _State(s.layers, s.tokens, s.totals, m.finish(), s.counter, s.activity, s.activity_keys,
+                           s.begin_snapshot, s.iterations)
         if e.kind in _TAKES_SNAPSHOT:
             sid = e.data["snapshot_id"]
-            self._snapshots[sid] = Snapshot(id=sid, context=self.name, seq=e.seq, state=s, label=e.data.get("label"))
+            self._snapshots[sid] = _new_snapshot(sid, self.name, e.seq, s, e.data.get("label"))
         return s
 
-    def _apply_changes(self, s: _State, changes: Iterable[Change], seq: int) -> _State:
-        if type(changes) is tuple and len(changes) == 1 and changes[0][2] is not DELETED:
+    def _apply_changes(self, s: _State, changes: Iterable[Change], seq: int,
+                       counted: Mapping[int, int] | None = None) -> _State:
+        if type(changes) is tuple and len(changes) == 1 and changes[0][2] is not DELETED and not counted:
             return self._apply_one(s, changes[0], seq)
         layers, tokens, totals = list(s.layers), list(s.tokens), list(s.totals)
         counter = s.counter
         touched: dict[int, tuple[Any, Any]] = {}
         # a value moved between layers (WORKING -> HISTORY) is the same frozen object:
         # its token count is known, keyed by identity while both are alive in this call
-        known: dict[int, int] = {}
+        known: dict[int, int] = dict(counted) if counted else {}
         for layer, key, value in changes:
             if layer not in touched:
                 touched[layer] = (layers[layer].mutate(), tokens[layer].mutate())
@@ -955,6 +983,19 @@ class LayeredContext:
         events = [Event.from_dict(d, snapshot=foreign.get((d.get("data") or {}).get("snapshot_id")))
                   for d in data["tape"]]
         return cls.replay(events, name=data["name"], encoding=encoding)
+
+
+def layer_items(source: "LayeredContext | Snapshot", layer: Layer) -> list[tuple[str, Any, int]]:
+    """``(key, value, tokens)`` of one layer of a context or snapshot, in insertion order: what
+    ``layer(...)`` and ``key_tokens`` give key by key, read from the state in one pass (the
+    attention scope is built from it after every activity)."""
+    state = source._state if isinstance(source, LayeredContext) else source.state
+    tokens = state.tokens[layer]
+    return [(key, slot[2], tokens[key]) for key, slot in sorted(state.layers[layer].items(), key=_slot_order)]
+
+
+def _slot_order(item: tuple[str, Slot]) -> int:
+    return item[1][0]
 
 
 def _default_summary(task_id: str, status: str, keys: list[str]) -> str:

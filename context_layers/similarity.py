@@ -270,15 +270,15 @@ def _clusters(sets: Sequence[frozenset[int]], threshold: float, exact_limit: int
 
 
 # Two memories of entry_shingles for immutable values (context values), both bounded
-# by entries and by the characters of the values' reprs (cleared when full):
+# by entries and by the characters of the values' canonical texts (cleared when full):
 # * (key, id(value)) -> (value, shingles): HISTORY keeps the same objects from one
 #   activity to the next, so the score after every activity hashes only the new
 #   entries. The entry holds the value itself: while it is cached its id cannot be
 #   reused by another object.
-# * (key, repr(value)) -> shingles: every instance of a process writes equal values
-#   (the same tool results, the same records) as new objects. Context values hold JSON
-#   types only (``freeze``), whose repr tells equal values from unequal ones, and
-#   rendering it costs a fraction of hashing the shingles.
+# * (key, canonical text) -> shingles: every instance of a process writes equal values
+#   (the same tool results, the same records) as new objects. The text tells equal
+#   values from unequal ones (up to key order, which words are read in sorted anyway),
+#   and was made when the value's tokens were counted (``canonical_text``).
 _IMMUTABLE = frozenset({str, int, float, bool, type(None), FrozenDict, FrozenList})
 _SHINGLES_BY_ID: Memo[tuple[Any, int], tuple[Any, frozenset[int]]] = Memo(1 << 15, chars=MEMO_CHARS)
 _SHINGLES_BY_TEXT: Memo[tuple[Any, str], frozenset[int]] = Memo(1 << 12, chars=MEMO_CHARS)

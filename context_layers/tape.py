@@ -150,6 +150,30 @@ class Event:
                    data=freeze(d.get("data", {})), snapshot=snapshot)
 
 
+_NEW = object.__new__
+_EVENT_SLOTS = tuple(Event.__dict__[f].__set__ for f in
+                     ("seq", "kind", "time", "actor", "activity", "branch", "changes", "data", "snapshot"))
+
+
+def new_event(seq: int, kind: str, time: float, actor: str, activity: str | None, branch: str | None,
+              changes: tuple[Change, ...], data: Mapping[str, Any], snapshot: "Snapshot | None") -> Event:
+    """``Event(...)`` with every field given, built by setting its slots: a context appends an
+    event for every change, and the frozen dataclass's ``__init__`` (one ``object.__setattr__``
+    per field) cost more than the rest of a write. The same object ``Event(...)`` builds."""
+    e = _NEW(Event)
+    s_seq, s_kind, s_time, s_actor, s_activity, s_branch, s_changes, s_data, s_snapshot = _EVENT_SLOTS
+    s_seq(e, seq)
+    s_kind(e, kind)
+    s_time(e, time)
+    s_actor(e, actor)
+    s_activity(e, activity)
+    s_branch(e, branch)
+    s_changes(e, changes)
+    s_data(e, data)
+    s_snapshot(e, snapshot)
+    return e
+
+
 class Tape(Sequence[Event]):
     """Read-only to everyone but the context that owns it."""
 

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .canonical import MEMO_CHARS, Memo, canonical_json
+from .canonical import MEMO_CHARS, Memo, canonical_text
 from .errors import LayerflowError
 
 __all__ = ["DEFAULT_ENCODING", "count_text", "count_value", "encoding", "tokenizer_dir", "truncate_to_tokens"]
@@ -107,8 +107,9 @@ def count_text(text: str, name: str = DEFAULT_ENCODING) -> int:
 
 
 def count_value(value: Any, name: str = DEFAULT_ENCODING) -> int:
-    """Tokens of the canonical JSON rendering of a value."""
-    return _count(canonical_json(value), name)
+    """Tokens of the canonical JSON rendering of a value (``canonical_text``: a frozen value's text
+    is made once)."""
+    return _count(canonical_text(value), name)
 
 
 def truncate_to_tokens(text: str, max_tokens: int, name: str = DEFAULT_ENCODING) -> str:

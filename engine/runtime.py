@@ -2407,11 +2407,12 @@ class _Runtime(ScopeSteps, GatewaySteps):
         bpmn_id = spec.bpmn_id
         ctx = self.context_of(task)
         cfg = self.process.config(bpmn_id)
-        resuming = str(task.id) in self.instance.suspended and ctx.current_activity == bpmn_id
+        tid = str(task.id)
+        resuming = tid in self.instance.suspended and ctx.current_activity == bpmn_id
         # a task that waited for a person ran its preScript as it became ready (``prepare``)
         prepared = spiff.PREPARED_KEY in task.internal_data
         if not resuming:
-            self.instance.suspended.pop(str(task.id), None)
+            self.instance.suspended.pop(tid, None)
             ctx.begin_activity(bpmn_id, actor=bpmn_id)
         try:
             if cfg is not None and cfg.knowledge_config is not None and not resuming:
@@ -2447,16 +2448,16 @@ class _Runtime(ScopeSteps, GatewaySteps):
                         ctx.delete(Layer.WORKING, key, actor=bpmn_id)
             preserve = cfg.effective_preserve_keys if cfg is not None else []
             ctx.complete_activity(bpmn_id, preserve_keys=preserve, actor=bpmn_id)
-            self.instance.suspended.pop(str(task.id), None)  # e.g. llm.tools turned off while it waited
+            self.instance.suspended.pop(tid, None)  # e.g. llm.tools turned off while it waited
         except BpmnError as err:
-            self.instance.suspended.pop(str(task.id), None)
+            self.instance.suspended.pop(tid, None)
             return self._throw_error(task, ctx, err)
         except BaseException as err:
-            stood = self.instance.suspended.get(str(task.id))
+            stood = self.instance.suspended.get(tid)
             if stood is not None and stood.get("model_failed"):  # see run_with_tools: resumed where it stood
                 del stood["model_failed"]
             else:
-                self.instance.suspended.pop(str(task.id), None)
+                self.instance.suspended.pop(tid, None)
                 ctx.abort_activity(bpmn_id, reason=_one_line(err), actor="engine")
             raise _activity_error(bpmn_id, err, ctx, self.instance.contexts.values(), task) from err
         self._activity_done(ctx, cfg, bpmn_id)

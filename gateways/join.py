@@ -1100,8 +1100,8 @@ def _ordered(outcomes: list[KeyOutcome], base_layer: Any, branch_layers: Mapping
     return existing + new
 
 
-def _now(clock: Callable[[], float]) -> str:
-    return datetime.fromtimestamp(clock(), tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _stamp(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 BranchesArg = Mapping[str, "LayeredContext | BranchContext"] | Sequence["LayeredContext | BranchContext"]
@@ -1288,7 +1288,10 @@ def join_contexts(
         changes[Layer.EPHEMERAL] = ephemeral
 
     pending = list({r.id: r for r in outcome.pending}.values())
-    stamp = _now(clock)
+    # the clock is read at every join (an engine's clock may count its reads), the time written only
+    # when there are conflicts to stamp with it
+    now = clock()
+    stamp = _stamp(now) if conflicts else ""
     entries = [{"gatewayId": gateway_id, "layer": str(c.layer), "key": c.key, "baseValue": base_json(c.base_value),
                 **({"baseAbsent": True} if c.base_value is DELETED else {}),
                 # the seed's shape: the distinct values, in branch order; ``values`` says whose
