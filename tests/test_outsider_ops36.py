@@ -271,3 +271,34 @@ def test_a_timer_s_wake_up_dead_lettered_and_requeued_fires_the_timer_and_list_s
         assert doc["status"] == "completed" and doc["held_by"] is None
     finally:
         client.close()
+
+
+def test_two_writers_the_stale_one_is_refused_naming_the_instance_and_both_versions(scene, monkeypatch):
+    """Two clerks load the same waiting claim; the first answers intake, the second answers on what it
+    read: refused, naming the instance, the version it expected and the stored one, nothing written. A
+    REST change that carries a stale ``expected_version`` gets 409 the same way."""
+    from context_layers.errors import VersionConflict
+    from engine import Engine, load_process
+
+    monkeypatch.setenv("OPS36_SLOW_S", "0")
+    first, second = Engine(scene["store"]), Engine(scene["store"])
+    claim = first.run(first.start(load_process(CLAIMS), {"claim_id": "C-8", "amount": 8000}))
+    assert claim.status == "waiting"
+    mine, theirs = first.load(claim.id), second.load(claim.id)
+    read = theirs.version
+    done = first.complete_user_task(mine, "intake", {"ok": True})
+    with pytest.raises(VersionConflict) as refused:
+        second.complete_user_task(theirs, "intake", {"ok": False})
+    message = str(refused.value)
+    assert claim.id in message and f"expected version {read}" in message and f"stored version {done.version}" in message
+    stored = first.load(claim.id)
+    assert stored.version == done.version and stored.main.resolve("ok") is True
+
+    with TestClient(create_app(scene["store"], OPS, TOKEN), headers={"Authorization": f"Bearer {TOKEN}"}) as api:
+        reply = api.post("/api/context-governance/inject", json={
+            "instance_id": claim.id, "key": "note", "value": "late", "expected_version": read})
+        assert reply.status_code == 409, reply.text
+        error = reply.json()["error"]
+        assert error["kind"] == "version_conflict" and f"version {done.version}" in error["message"] \
+            and f"version {read}" in error["message"], error
+    assert first.load(claim.id).version == done.version
