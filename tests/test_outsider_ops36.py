@@ -42,6 +42,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.api import create_app
+from tests.stores.test_lease_lapse_15 import wait_for
 
 ROOT = Path(__file__).resolve().parent
 OPS = ROOT / "outsider_ops36"
@@ -112,16 +113,6 @@ def side_effects(scene: dict[str, Any]) -> list[tuple[str, int]]:
     return [(iid, int(pid)) for iid, pid in rows]
 
 
-def wait_for(what: str, check: Any, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def comparable(events: list[dict[str, Any]], iid: str) -> list[str]:
     """A tape as JSON lines without what differs between two runs of the same claim (times, ids,
     the actor a worker signs with), and without the takeover's own ``retry`` note."""
@@ -155,12 +146,12 @@ def test_a_fleet_of_workers_survives_a_kill_and_a_sigterm_and_answers_from_cli_a
     ids = doc["instance_ids"]
 
     # the first check to start: its worker dies with it
-    killed_iid, pid = wait_for("a first slow check", lambda: side_effects(scene)[:1])[0]
+    killed_iid, pid = wait_for(lambda: side_effects(scene)[:1], "a first slow check")[0]
     killed = by_pid[pid]
     workers[killed].send_signal(signal.SIGKILL)
     # the next check started elsewhere: SIGTERM there, the check finishes and is saved
-    termed_iid, pid = wait_for("a second slow check", lambda: [
-        r for r in side_effects(scene)[1:] if by_pid.get(r[1]) not in (None, killed)][:1])[0]
+    termed_iid, pid = wait_for(lambda: [
+        r for r in side_effects(scene)[1:] if by_pid.get(r[1]) not in (None, killed)][:1], "a second slow check")[0]
     termed = by_pid[pid]
     workers[termed].send_signal(signal.SIGTERM)
     # while a worker holds a claim: `list` names it, `resume` is refused naming it, nothing changed
@@ -187,7 +178,7 @@ def test_a_fleet_of_workers_survives_a_kill_and_a_sigterm_and_answers_from_cli_a
         def all_at_intake() -> bool:
             code, rows = look(scene, "list")
             return {r["instance_id"] for r in rows if r["status"] == "waiting" and not r["held_by"]} >= set(ids)
-        wait_for("every claim at intake", all_at_intake)
+        wait_for(all_at_intake, "every claim at intake")
         baseline = next(iid for iid in ids if iid not in (killed_iid, termed_iid))
         for iid in ids:  # the CLI answers one claim, REST the others (the killed one and its baseline alike)
             if iid not in (killed_iid, baseline):
@@ -203,7 +194,7 @@ def test_a_fleet_of_workers_survives_a_kill_and_a_sigterm_and_answers_from_cli_a
         def all_completed() -> list[dict[str, Any]] | None:
             code, rows = look(scene, "list")
             return rows if all(r["status"] == "completed" for r in rows if r["instance_id"] in ids) else None
-        rows = wait_for("the workers to fire every cool-off timer", all_completed)
+        rows = wait_for(all_completed, "the workers to fire every cool-off timer")
         assert all(r["held_by"] is None for r in rows), rows
 
     runs = [iid for iid, _ in side_effects(scene)]
@@ -258,7 +249,7 @@ def test_a_timer_s_wake_up_dead_lettered_and_requeued_fires_the_timer_and_list_s
             store, client=client, stream=stream, stop_after=1, timer_interval=0, consumer="right", stop=stop)))
         thread.start()
         try:
-            wait_for("the slow check after the timer", lambda: side_effects(scene), timeout=5)
+            wait_for(lambda: side_effects(scene), "the slow check after the timer", timeout=5)
             code, rows = look(scene, "list")
             assert [(r["status"], r["held_by"]) for r in rows] == [("waiting", "right")], rows
             code, doc = look(scene, "inspect", iid)
