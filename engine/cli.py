@@ -940,7 +940,8 @@ def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
         if holder is not None:
             _fail(f"instance {instance_id!r} is being run by {holder} right now (it holds the instance's lease); "
                   f"nothing was changed. Wait until it is at rest (`layerflow inspect {instance_id}`), then resume "
-                  f"it if it still waits; if that process is gone, its lease runs out within {LEASE_TTL:.0f} s",
+                  f"it if it still waits; if that process is gone, its lease runs out within the time it took it for "
+                  f"(a worker's --idle-ms, 30 s unless set; {LEASE_TTL:.0f} s for `resume` and the server)",
                   as_json=as_json, kind="invalid_state", details={"instance_id": instance_id})
         yield
 

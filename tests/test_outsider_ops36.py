@@ -20,6 +20,8 @@ What the team found:
   without firing the due timer (the instance was ``waiting``, at rest), and the timer scan had
   marked that due time queued for a day. A dead letter now keeps the entry's ``wake``, and
   ``requeue`` puts it back with it.
+* ``layerflow resume`` refused beside a worker said the holder's lease "runs out within 60 s" (the
+  CLI's own lease time); a worker's lease lasts its ``--idle-ms`` (30 s unless set). It says so now.
 """
 
 from __future__ import annotations
@@ -161,6 +163,8 @@ def test_a_fleet_of_workers_survives_a_kill_and_a_sigterm_and_answers_from_cli_a
     code, refused = look(scene, "resume", termed_iid, "--answer", 'intake={"ok": true}')
     assert code == 2, refused
     assert refused["error"]["kind"] == "invalid_state" and termed in refused["error"]["message"], refused
+    # how long a dead holder blocks it: a worker's lease lasts its --idle-ms (1 s here), not the CLI's 60 s
+    assert "runs out within 60 s" not in refused["error"]["message"] and "--idle-ms" in refused["error"]["message"]
     # the REST API the server runs (`layerflow serve --store` this store), in this process
     with TestClient(create_app(scene["store"], OPS, TOKEN), headers={"Authorization": f"Bearer {TOKEN}"}) as api:
         # REST waits for the lease (up to 5 s) or comes after the save: the answer is taken either way
