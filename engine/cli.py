@@ -959,7 +959,8 @@ def _holding(engine: Engine, instance_id: str, as_json: bool) -> Iterator[None]:
         if holder is not None:
             _fail(f"instance {instance_id!r} is being run by {holder} right now (it holds the instance's lease); "
                   f"nothing was changed. Wait until it is at rest (`layerflow inspect {instance_id}`), then resume "
-                  f"it if it still waits; if that process is gone, its lease runs out within {LEASE_TTL:.0f} s",
+                  f"it if it still waits; if that process is gone, its lease runs out within the time it took it for "
+                  f"(a worker's --idle-ms, 30 s unless set; {LEASE_TTL:.0f} s for `resume` and the server)",
                   as_json=as_json, kind="invalid_state", details={"instance_id": instance_id})
         yield
 
@@ -1216,13 +1217,12 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 @_store_option
 @_json_option
 def list_instances(store: str | None, as_json: bool) -> None:
-    """Instances in the store, newest first; a running one that a worker, `resume` or the server runs
-    right now names it (held by ...), so it can be told from one that waits on the queue."""
+    """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
+    names it (held by ...), so a running one can be told from one that waits on the queue, and a
+    waiting one whose timer or answer is being run from one that still waits."""
     engine = _existing_engine(store, None, as_json)
     rows = engine.store.list() if engine is not None else []
-    leases = lease_store(engine.store) if engine is not None else None
-    owner = leases.lease_owner if leases is not None else None
-    held = {r["id"]: owner(r["id"]) if owner is not None and r["status"] == "running" else None for r in rows}
+    held = {r["id"]: _held_by(engine, r["id"], r["status"]) if engine is not None else None for r in rows}
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc([{"instance_id": r["id"], **r, "held_by": held[r["id"]]} for r in rows])
         return
@@ -1230,6 +1230,16 @@ def list_instances(store: str | None, as_json: bool) -> None:
         by = f"  held by {held[r['id']]}" if held[r["id"]] else ""
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}{by}")
+
+
+def _held_by(engine: Engine, instance_id: str, status: str) -> str | None:
+    """Who runs the instance right now (holds its lease), or None. Not only a ``running`` one: a worker
+    that fires a waiting instance's due timer, or a resume with answers, holds it while the store still
+    says ``waiting`` (or ``error``, a failed activity retried) until its first save."""
+    leases = lease_store(engine.store)
+    if leases is None or status in ("completed", "cancelled"):
+        return None
+    return leases.lease_owner(instance_id)
 
 
 def _context(instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
@@ -1459,7 +1469,8 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     if as_json:
         doc = instance.to_document()  # the `run --json` fields, for this context
         layers = {name: values for name, values in ctx.as_dict().items() if name in shown_layers}
-        doc.update({"version": report["version"], "context": ctx.name, "layers": layers,
+        doc.update({"version": report["version"], "held_by": _held_by(service.engine, instance.id, instance.status),
+                    "context": ctx.name, "layers": layers,
                     "tokens": ctx.token_report(), "attention": report["attention"], "attention_check": check,
                     "layer_stats": {name: {**report["layers"][name], "entries": rows}
                                     for name, rows in tables.items()},

@@ -152,8 +152,9 @@ def worker_dead(store: str | None, queue: str | None, stream: str, dead_stream: 
         return
     for d in letters:
         error = f"{d.error_type}: {d.error}" if d.error_type else d.error
+        wake = f"  wake {d.wake}" if d.wake else ""  # a due timer's entry: requeued, it fires the timer
         click.echo(f"{d.id}  instance {d.instance_id}  entry {d.entry_id}  {d.deliveries} deliveries  {d.time}  "
-                   f"{d.consumer}\n    {error}")
+                   f"{d.consumer}{wake}\n    {error}")
     click.echo(f"{len(letters)} dead letter(s) in {dead}" +
                (f"; once the cause is fixed: layerflow worker requeue ID --stream {stream}" if letters else ""),
                err=True)

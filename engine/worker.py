@@ -159,13 +159,14 @@ class DeadLetter:
     consumer: str       # the worker that gave up on it
     group: str
     time: str           # ISO 8601, UTC
+    wake: str = ""      # the entry's ``wake`` ("timer": a due timer's), which ``requeue`` puts back with it
 
     @classmethod
     def from_entry(cls, dead_id: str, fields: Mapping[str, str]) -> DeadLetter:
         return cls(id=dead_id, instance_id=fields.get("instance_id", ""), entry_id=fields.get("entry_id", ""),
                    deliveries=int(fields.get("deliveries", 0)), error_type=fields.get("error_type", ""),
                    error=fields.get("error", ""), consumer=fields.get("consumer", ""),
-                   group=fields.get("group", ""), time=fields.get("time", ""))
+                   group=fields.get("group", ""), time=fields.get("time", ""), wake=fields.get("wake", ""))
 
 
 # ----------------------------------------------------------------------------- the queue
@@ -383,8 +384,12 @@ def requeue(client: Any, dead_id: str, stream: str = DEFAULT_STREAM, *, dead_str
                 rows = pipe.xrange(dead, min=dead_id, max=dead_id, count=1)
                 if not rows:
                     raise missing
+                letter = rows[0][1]
                 pipe.multi()
-                pipe.xadd(stream, {"instance_id": rows[0][1].get("instance_id", "")})
+                # with its wake: a due timer's entry without it finds the instance waiting (at rest) and is
+                # acknowledged without firing the timer, which the scan marked queued for a day
+                pipe.xadd(stream, {"instance_id": letter.get("instance_id", ""),
+                                   **({"wake": letter["wake"]} if letter.get("wake") else {})})
                 pipe.xdel(dead, dead_id)
                 new_id, _deleted = pipe.execute()
                 return str(new_id)
@@ -744,7 +749,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
         if taken_over:
             # more deliveries than allowed and no failure recorded: its workers died on it;
             # do not run it again (it may be what kills them)
-            letter = _letter(entry_id, instance_id, consumer, queue.group, None)
+            letter = _letter(entry_id, instance_id, consumer, queue.group, None, fields.get("wake"))
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries + 1)
             if dead_id is not None:
                 stats.dead += 1
@@ -786,7 +791,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             queue.give_back(entry_id)
         except Exception as err:  # noqa: BLE001 - the engine turns activity failures into status "error"; this is a bug
             stats.failures += 1
-            letter = _letter(entry_id, instance_id, consumer, queue.group, err)
+            letter = _letter(entry_id, instance_id, consumer, queue.group, err, fields.get("wake"))
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries)
             # a store's own error (a damaged record, a lost tape) says what is wrong: its stack adds nothing
             trace = None if isinstance(err, StoreError) else err
@@ -903,14 +908,16 @@ def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any],
     instance.main.record("retry", actor=str(consumer), data=data)
 
 
-def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: BaseException | None) -> dict[str, str]:
+def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: BaseException | None,
+            wake: str | None = None) -> dict[str, str]:
     if err is None:
         error_type, error = "", ("no outcome recorded: the workers that took the entry stopped before finishing it "
                                  "(killed, out of memory?)")
     else:
         error_type, error = type(err).__name__, str(err)[:ERROR_CHARS]
     return {"instance_id": instance_id, "entry_id": entry_id, "error_type": error_type, "error": error,
-            "consumer": consumer, "group": group, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            "consumer": consumer, "group": group, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **({"wake": wake} if wake else {})}
 
 
 def _log_dead(queue: _Queue, entry_id: str, instance_id: str, count: int, dead_id: str, letter: Mapping[str, str],
