@@ -453,7 +453,13 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
         ctx.abort_activity(ctx.current_activity or "", reason=f"interrupted by {kind} {name!r}", actor=actor)
         multi.internal_data.pop(spiff.MULTI_KEY, None)
         multi.data = {}
-    workflow.send_event(event)
+    # (the payload goes into the catching contexts only below: a non-interrupting boundary event's
+    # path, which runs next, forks with it, not at the catch as for an event thrown inside: spiff.catch)
+    workflow.lf_delivering = True
+    try:
+        workflow.send_event(event)
+    finally:
+        workflow.lf_delivering = False
     started = _mark_delivered(workflow, catches)
     for c, ctx, values in writes:
         if c.task is None and id(c) in started:  # the event sub-process it started runs in a context of its own

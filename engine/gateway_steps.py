@@ -28,7 +28,7 @@ from SpiffWorkflow.util.task import TaskState
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.canonical import freeze
 from context_layers.config import ActivityExtensionConfig
-from context_layers.context import ENGINE_RECORD_PREFIXES as ENGINE_RECORDS
+from context_layers.context import ENGINE_RECORD_PREFIXES as ENGINE_RECORDS, Snapshot
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
 from context_layers.tape import ENGINE_KEY_PREFIXES
 from context_layers.hooks import RedactSetting, redact_for_model
@@ -385,11 +385,12 @@ class GatewaySteps:
         _inject(ctx, values, actor=gw, data={"gateway": gw, "branch_id": branch_id})
 
     def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
-              cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None:
+              cfg: ActivityExtensionConfig | None, taken: list[Any], at: Snapshot | None = None) -> None:
         inst = self.instance
         ids = _unique_branch_ids([spiff.branch_start_id(c) for c in taken])
         try:
-            branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec))
+            branches = ContextSplitter().split(parent, gw, ids, cfg, actor=gw, gateway_type=_gateway_type(task.task_spec),
+                                               at=at)
         except ContextWriteDenied as err:  # a contextInject the layer rules refuse (on the tape already)
             raise _gateway_denied(gw, err) from None
         split_id = f"{gw}@{task.id}"

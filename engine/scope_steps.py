@@ -24,7 +24,7 @@ from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.config import ActivityExtensionConfig
-from context_layers.context import BRANCH_MARKERS, RECORD_PREFIXES
+from context_layers.context import BRANCH_MARKERS, RECORD_PREFIXES, Snapshot
 from context_layers.errors import ActivityError, ContextWriteDenied
 from gateways.join import free_record_key, side_counters_told, single_counts, single_summaries, written_layer
 from gateways.splitter import ContextSplitter, branch_context_name
@@ -171,7 +171,7 @@ class ScopeSteps:
         def abort_multi(self, task: Any, err: BaseException) -> None: ...
         def exec_script(self, task: Any, script: str) -> bool: ...
         def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
-                  cfg: ActivityExtensionConfig | None, taken: list[Any]) -> None: ...
+                  cfg: ActivityExtensionConfig | None, taken: list[Any], at: Snapshot | None = None) -> None: ...
         def _in_workflow(self, name: str, workflow: Any) -> bool: ...
         def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool,
                            context: str, refire: bool = False) -> None: ...
@@ -592,30 +592,56 @@ class ScopeSteps:
         info["status"] = "event_done"
         info["ended"] = sum(1 for i in self.instance.branches.values() if "ended" in i)
 
+    def boundary_caught(self, task: Any) -> None:
+        """Non-interrupting boundary event ``task`` caught a message, signal or escalation. Its path
+        starts here, in BPMN: the snapshot its branch forks from is taken now (``boundary_path``),
+        though its task runs later (an escalation thrown inside a sub-process: SpiffWorkflow runs the
+        sub-process's next steps first). So the path neither reads what those steps wrote since nor,
+        at its merge, takes a key both changed as its own: the base holds the key as it was here."""
+        ctx = self.context_of(task)
+        if not self._forks_path(task, ctx):
+            return
+        self._merge_ended_side_paths(task, ctx)
+        gw = spiff.bpmn_id_of(task)
+        task.internal_data[spiff.CAUGHT_AT_KEY] = ctx.snapshot(label=f"split:{gw}", actor=gw).id
+
+    @staticmethod
+    def _forks_path(task: Any, ctx: LayeredContext) -> bool:
+        """Whether the path of boundary event ``task`` runs in a branch of its own (``boundary_path``)."""
+        # a sub-process goes on in this context meanwhile: its splits and activities must not
+        # see the path's writes come and go
+        return ctx.current_activity is not None or spiff.boundary_of_subworkflow(task)
+
+    def _merge_ended_side_paths(self, task: Any, ctx: LayeredContext) -> None:
+        # (a non-interrupting event only: an interrupting cycle ends its activity, and a multi-instance
+        # activity's writes with it, at its last repetition, which would undo paths merged into it now)
+        if getattr(task.task_spec, "cancel_activity", False):
+            return
+        for name in self._ended_side_paths(task, ctx.name):
+            # the event's earlier paths that have ended come back first: this one reads what they
+            # wrote (the second reminder of a cycle sees the first), as it would had they run in
+            # the flow; one still running (waiting for a person) merges where it ends
+            self._merge_side(spiff.bpmn_id_of(task), name)
+
     def boundary_path(self, task: Any, path: Any = None) -> None:
         """A non-interrupting boundary event fires. Its path runs beside the activity it is attached
         to, in the same context, unless that activity is open there (a multi-instance activity
         whose instances wait for people) or is a sub-process or call activity (whose tasks run in
-        that context): then in a branch of its own, forked from the context and merged back where
-        the path joins (at the latest, at the end of the process).
+        that context): then in a branch of its own, forked from the context (as it stood when the
+        event was caught: ``boundary_caught``) and merged back where the path joins (at the latest,
+        at the end of the process).
         ``path``: the first task of the path when it is not ``task`` itself (each repetition of a
         cycle timer starts one)."""
         ctx = self.context_of(task)
-        # a sub-process goes on in this context meanwhile: its splits and activities must not
-        # see the path's writes come and go
-        if ctx.current_activity is None and not spiff.boundary_of_subworkflow(task):
+        if not self._forks_path(task, ctx):
             return
         start = task if path is None else path
         gw = spiff.bpmn_id_of(task)
-        # (a non-interrupting event only: an interrupting cycle ends its activity, and a multi-instance
-        # activity's writes with it, at its last repetition, which would undo paths merged into it now)
-        ended = [] if getattr(task.task_spec, "cancel_activity", False) else self._ended_side_paths(task, ctx.name)
-        for name in ended:
-            # the event's earlier paths that have ended come back first: this one reads what they
-            # wrote (the second reminder of a cycle sees the first), as it would had they run in
-            # the flow; one still running (waiting for a person) merges where it ends
-            self._merge_side(gw, name)
-        self._fork(start, ctx.name, ctx, gw, None, [start])
+        caught = task.internal_data.pop(spiff.CAUGHT_AT_KEY, None)
+        at = ctx.snapshots.get(caught) if caught is not None else None
+        if at is None:
+            self._merge_ended_side_paths(task, ctx)
+        self._fork(start, ctx.name, ctx, gw, None, [start], at=at)
         # the context it came from goes on meanwhile: the path's changes come back at its join as
         # they stand (``_merge_side``), not by a three-way merge against an untouched parent
         self.instance.branches[spiff.context_name_of(start)]["status"] = "side"

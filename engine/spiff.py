@@ -39,6 +39,8 @@ The driver protocol (implemented by ``engine.runtime``)::
                                                      # a cycle: its first due time)
     now() -> datetime                                # the engine's clock (a cycle timer's repetitions)
     io_inputs(task) -> dict                          # an activity's ioSpecification data inputs, from the context
+    boundary_caught(task) -> None                    # a non-interrupting boundary event caught a message, signal
+                                                     # or escalation: its path will start from the context as it is
     boundary_path(task, path=None) -> None           # a non-interrupting boundary event fires, or a cycle
                                                      # timer's repetition (``path``: its first task): a path starts
     thrown_out(task, event) -> None                  # a message or signal ``task`` threw left the instance:
@@ -214,6 +216,7 @@ POSTSCRIPT_RAN_KEY = "lf_postscript_ran"  # on an instance of a multi-instance c
 THROWN_KEY = "lf_thrown"  # on a catching event: the BPMN error an activity threw (engine.BpmnError): code, message, ...
 SENT_FROM_KEY = "lf_sent_from"  # on a catching event of a collaboration: the pool and element that threw its message
 CAUGHT_EVENT_KEY = "lf_caught_event"  # on a catching event: a message, signal, error or escalation came ({"code"})
+CAUGHT_AT_KEY = "lf_caught_at"  # on a non-interrupting boundary event: the snapshot its path forks from (as it caught)
 INTERRUPTED_KEY = "lf_interrupted"  # on a workflow's root task: the interrupting event sub-process that ended the rest
 MAIN_CONTEXT = "main"
 
@@ -238,6 +241,7 @@ class Driver(Protocol):
     def caught_error(self, task: Any, thrown: dict[str, Any], variables: list[str]) -> None: ...
     def io_inputs(self, task: Any) -> dict[str, Any]: ...
     def lookup(self, task: Any, names: Iterable[str]) -> dict[str, Any]: ...
+    def boundary_caught(self, task: Any) -> None: ...
     def boundary_path(self, task: Any, path: Any = None) -> None: ...
     def enter_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
     def leave_subworkflow(self, task: Any, subworkflow: Any) -> None: ...
@@ -557,6 +561,11 @@ class _LayerflowSpecMixin:
             my_task.internal_data[SENT_FROM_KEY] = dict(sent_from)  # saved with the task until it runs
         driver = driver_of(my_task)
         if isinstance(self, BoundaryEvent) and not self.cancel_activity and driver is not None:
+            if not getattr(my_task.workflow.top_workflow, "lf_delivering", False):
+                # thrown inside, caught now, run later: SpiffWorkflow runs the steps of the sub-process
+                # that threw it first, and the path must not start from what they wrote since (an
+                # event from outside runs its path next, its payload written just before: events.deliver)
+                driver.boundary_caught(my_task)
             rearm_boundary(my_task)
         if caught_in_scope(self) and driver is not None:
             driver.start_caught(my_task)

@@ -103,13 +103,16 @@ class ContextSplitter:
         branches: Sequence[str | BranchConfig | Mapping[str, Any]] | None = None,
         actor: str = "engine",
         gateway_type: str | None = None,
+        at: Snapshot | None = None,
     ) -> list[BranchContext]:
         """Snapshot ``ctx``, record the split on it, and fork one context per branch, in
         the order of ``branch_ids``. As in the seed, the gateway's config may stand in for
         the id and the branches: ``split(ctx, config)`` splits into ``config.branches``
         (an ``ActivityExtensionConfig`` or its JSON form, with ``gatewayId``).
         ``branches=`` is another name for ``branch_ids``; either may list branch configs
-        (``{"id": ..., "contextInject": {...}}``) beside plain ids."""
+        (``{"id": ..., "contextInject": {...}}``) beside plain ids. ``at``: a snapshot of ``ctx``
+        taken earlier, where the branches fork instead (an event caught before its path could
+        start: the path begins where the event came, whatever ``ctx`` did since)."""
         if not isinstance(ctx, LayeredContext):
             raise TypeError(f"split: the first argument is the parent LayeredContext to split, got {type(ctx).__name__}")
         if branches is not None:
@@ -144,12 +147,15 @@ class ContextSplitter:
         repeated = sorted({b for b in ids if ids.count(b) > 1})
         if repeated:
             raise ValueError(f"split {gateway_id!r}: branch ids must be unique, repeated: {repeated}")
+        if at is not None and at.context != ctx.name:
+            raise ValueError(f"split {gateway_id!r}: the snapshot {at.id!r} was taken in context {at.context!r}, "
+                             f"not in {ctx.name!r}; split the context the snapshot is of")
         injects: dict[str, dict[str, Any]] = {}
         for branch_id in ids:
             branch_config = config.branch(branch_id) if config is not None else None
             injects[branch_id] = dict(branch_config.context_inject) if branch_config is not None else {}
             check_inject(ctx, gateway_id, branch_id, injects[branch_id], actor=actor)
-        snapshot: Snapshot = ctx.snapshot(label=f"split:{gateway_id}", actor=actor)
+        snapshot: Snapshot = at if at is not None else ctx.snapshot(label=f"split:{gateway_id}", actor=actor)
         data: dict[str, Any] = {"gateway_id": gateway_id, "snapshot_id": snapshot.id, "branches": ids,
                                 "inject": {b: thaw(v) for b, v in injects.items() if v}}
         if gateway_type:
