@@ -217,12 +217,16 @@ def test_detect_conflicts_decides_changed_by_json_value(branches: dict[str, Any]
                 assert json.dumps(got) == json.dumps(value)
 
 
-@pytest.mark.parametrize("bad", [{1, 2}, math.nan, b"x"], ids=["set", "nan", "bytes"])
-def test_detect_conflicts_names_the_branch_and_key_of_a_value_json_cannot_hold(bad: Any) -> None:
+@pytest.mark.parametrize("key,bad", [("amount", {1, 2}), ("amount", math.nan), ("amount", b"x"),
+                                     ("only_risk_adds", {3}), ("nested", {"rows": [{"when": datetime.date(2024, 1, 5)}]})],
+                         ids=["set", "nan", "bytes", "added by one branch", "nested date"])
+def test_detect_conflicts_names_the_branch_and_key_of_a_value_json_cannot_hold(key: str, bad: Any) -> None:
+    """Was the JSON encoder's bare "Object of type set is not JSON serializable" (no branch, no
+    key), and a set only one branch added passed on without a word."""
     with pytest.raises((TypeError, ValueError)) as caught:
-        ConflictDetector().detect_conflicts({"amount": 0}, {"finance": {"amount": 1}, "risk": {"amount": bad}})
+        ConflictDetector().detect_conflicts({"amount": 0}, {"finance": {"amount": 1}, "risk": {"amount": 0, key: bad}})
     message = str(caught.value)
-    assert "'risk'" in message and "'amount'" in message, message
+    assert "'risk'" in message and repr(key) in message and "finance" not in message, message
 
 
 def test_detect_conflicts_on_a_split_sees_only_real_changes_and_changes_nothing() -> None:
