@@ -288,7 +288,7 @@ class LayeredContext:
             return
         changes: list[Change] = []
         for key, value in (system or {}).items():
-            changes.append((Layer.SYSTEM, self._check_key(key), self._freeze(key, value)))
+            changes.append((Layer.SYSTEM, self._check_key(key, Layer.SYSTEM), self._freeze(key, value, Layer.SYSTEM)))
         self._emit(EventKind.INIT, actor, changes=changes, data={"name": name, "encoding": encoding})
         # the facts the process starts with (as the engine's start data): writes like any other,
         # each on the tape, refused where SYSTEM holds the key
@@ -444,8 +444,8 @@ class LayeredContext:
         """Write ``key`` (auto-promoted to the lowest layer holding it), or raise ``ContextWriteDenied``."""
         actor = self._actor_of(actor)
         requested = Layer.parse(layer)
-        self._check_key(key)
-        frozen = self._freeze(key, value)
+        self._check_key(key, requested)
+        frozen = self._freeze(key, value, requested)
         existing = self.locate(key)
         effective = requested if existing is None or existing > requested else existing
         reason = self._write_denial(requested, effective, key, exists=existing == effective)
@@ -467,7 +467,7 @@ class LayeredContext:
         the first write, so a denied or invalid key leaves the context as it was."""
         actor = self._actor_of(actor)
         requested = Layer.parse(layer)
-        frozen = {self._check_key(key): self._freeze(key, value) for key, value in values.items()}
+        frozen = {self._check_key(key, requested): self._freeze(key, value, requested) for key, value in values.items()}
         plan = {}
         for key in frozen:
             effective, reason = self.check_write(requested, key)
@@ -530,19 +530,21 @@ class LayeredContext:
             "op": op, "key": key, "requested": int(requested), "effective": int(effective), "reason": reason})
         raise ContextWriteDenied(key, requested, effective, reason, op="delete" if op == "delete" else "write")
 
-    def _check_key(self, key: Any) -> str:
+    def _check_key(self, key: Any, layer: Layer | None = None) -> str:
         if not isinstance(key, str) or not key:
-            raise ContextValueError(str(key), f"keys must be non-empty strings, got {type(key).__name__} {key!r}")
+            raise ContextValueError(str(key), f"keys must be non-empty strings, got {type(key).__name__} {key!r}",
+                                    layer=layer)
         problem = key_problem(key)
         if problem is not None:
-            raise ContextValueError(key, problem, of_key=True)
+            raise ContextValueError(key, problem, of_key=True, layer=layer)
         return key
 
-    def _freeze(self, key: str, value: Any) -> Any:
+    def _freeze(self, key: str, value: Any, layer: Layer | None = None) -> Any:
+        """``value`` frozen; ``layer``: the layer a write asked for, which the error names."""
         try:
             return freeze(value)
         except (TypeError, ValueError) as exc:
-            raise ContextValueError(key, str(exc)) from None
+            raise ContextValueError(key, str(exc), layer=layer) from None
 
     # ----- privileged operations (engine, gateways, compressor) -------------------------
 
@@ -559,12 +561,12 @@ class LayeredContext:
         checked: list[Change] = []
         for layer, key, value in changes:
             layer = Layer.parse(layer)
-            self._check_key(key)
+            self._check_key(key, layer)
             if layer == Layer.SYSTEM:
                 raise ContextWriteDenied(key, layer, layer, "L0 SYSTEM never changes after instance start")
             if layer == Layer.PROCESS and (value is DELETED or key in self._state.layers[Layer.PROCESS]):
                 raise ContextWriteDenied(key, layer, layer, "L1 PROCESS is append-only")
-            checked.append((layer, key, value if value is DELETED else self._freeze(key, value)))
+            checked.append((layer, key, value if value is DELETED else self._freeze(key, value, layer)))
         return self._emit(EventKind.CHANGES, actor, changes=checked, data={"note": kind, **(data or {})}, tokens=tokens)
 
     def record(self, kind: str, *, actor: str, data: Mapping[str, Any] | None = None) -> Event:
@@ -733,7 +735,7 @@ class LayeredContext:
                 raise ContextWriteDenied(key, Layer.WORKING, where,
                                          f"contextInject of branch {branch_id!r} may not change a key that "
                                          f"{where.name} fixed; inject a different key")
-            changes.append((where, ctx._check_key(key), ctx._freeze(key, value)))
+            changes.append((where, ctx._check_key(key, where), ctx._freeze(key, value, where)))
         ctx._emit(EventKind.FORK, actor, changes=changes, snapshot=snapshot,
                   data={"snapshot_id": snapshot.id, "parent": snapshot.context, "name": name,
                         "branch_id": branch_id, "inject": thaw(dict(inject or {})), "encoding": ctx.encoding,

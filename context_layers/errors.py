@@ -113,12 +113,17 @@ class ContextWriteDenied(LayerflowError):
 class ContextValueError(LayerflowError, TypeError):
     kind = "invalid_value"
 
-    def __init__(self, key: str, detail: str, *, of_key: bool = False) -> None:
+    def __init__(self, key: str, detail: str, *, of_key: bool = False, layer: Any = None,
+                 where: str | None = None) -> None:
         self.key = key
+        self.layer = layer  # the layer the write asked for, when it was a write to one
+        # where the value was met: "written to L4 WORKING", or a caller's own words ("in branch 'risk'")
+        place = where or (f"written to {layer} {layer.name}" if layer is not None else "")
+        place = f" {place}" if place else ""
         if of_key:  # the key itself is what cannot be kept
-            super().__init__(f"key {key!r} cannot name a context entry: it {detail}")
+            super().__init__(f"key {key!r}{place} cannot name a context entry: it {detail}")
         else:
-            super().__init__(f"value for key {key!r} is not JSON-compatible: {detail}; "
+            super().__init__(f"value for key {key!r}{place} is not JSON-compatible: {detail}; "
                              "write None, bool, int, float, str, list or dict with str keys")
 
 

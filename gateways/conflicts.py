@@ -39,8 +39,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from context_layers.canonical import canonical_key
-from context_layers.errors import MergeConflictError
+from context_layers.canonical import canonical_key, freeze
+from context_layers.errors import ContextValueError, MergeConflictError
 from context_layers.markers import DELETED
 
 __all__ = [
@@ -329,6 +329,23 @@ def _named(branches: Mapping[str, Mapping[str, Any]] | Sequence[Mapping[str, Any
     return {f"branch_{i}": b for i, b in enumerate(branches)}
 
 
+def _check_json(layer_map: Mapping[str, Any], where: str) -> None:
+    """Refuse, naming ``where`` and the key, a layer map that no context could hold: the
+    comparison of its values would fail with the JSON encoder's bare message, or, for a
+    key only one branch changed, pass a set or NaN on as the merged value."""
+    if not isinstance(layer_map, Mapping):
+        raise TypeError(f"the layer map {where} must map keys to values, got {type(layer_map).__name__}")
+    for key, value in layer_map.items():
+        if not isinstance(key, str) or not key:
+            raise ContextValueError(str(key), f"keys must be non-empty strings, got {type(key).__name__} {key!r}",
+                                    where=where)
+        if value is not DELETED:
+            try:
+                freeze(value)
+            except (TypeError, ValueError) as exc:
+                raise ContextValueError(key, str(exc), where=where) from None
+
+
 def _contexts_given(base: Any, branches: Any) -> bool:
     """Whether ``detect_conflicts`` was handed a split (contexts, snapshots) rather than layer maps."""
     from context_layers.context import LayeredContext, Snapshot
@@ -365,6 +382,9 @@ class ConflictDetector:
             raise TypeError("detect_conflicts: config= is the join's config, for a split's contexts; "
                             "layer maps are compared as they are")
         branches = _named(branches)
+        _check_json(base, "in the base")
+        for bid, layer_map in branches.items():
+            _check_json(layer_map, f"in branch {bid!r}")
         outcomes = merge_keys(base, branches, _all_keys(base, branches), layer=layer)
         return sorted((o.conflict for o in outcomes if o.conflict is not None), key=lambda c: c.key)
 
