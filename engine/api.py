@@ -687,7 +687,9 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
             raise Unauthorized("send the API token as `Authorization: Bearer <token>`")
         if not hmac.compare_digest(credentials.credentials.encode("utf-8", "surrogatepass"),
                                    secret.encode("utf-8")):
-            raise Unauthorized("the bearer token is not this server's API token")
+            raise Unauthorized("the bearer token is not this server's API token; send the one the server was "
+                               f"started with (`layerflow serve --token`, or {TOKEN_ENV}) as "
+                               "`Authorization: Bearer <token>`")
 
     # Checked before the body is read, so a request without a token gets 401, never a
     # validation error that would tell it about the body.
