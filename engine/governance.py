@@ -523,14 +523,16 @@ class RollbackArgs(_Args):
     context: ContextName = None
     reason: str | None = None
 
-    @model_validator(mode="after")
-    def _no_fixed_layer(self) -> "RollbackArgs":
-        # named explicitly, SYSTEM or PROCESS would be skipped without a word: refused instead
-        fixed = [name for name in self.layers or [] if Layer.parse(name) < Layer.KNOWLEDGE]
+    @field_validator("layers")
+    @classmethod
+    def _no_fixed_layer(cls, layers: list[str] | None) -> list[str] | None:
+        # named explicitly, SYSTEM or PROCESS would be skipped without a word: refused instead (a field
+        # validator, so the refusal names the field `layers`, not the body as a whole)
+        fixed = [name for name in layers or [] if Layer.parse(name) < Layer.KNOWLEDGE]
         if fixed:
             raise ValueError(f"layers {', '.join(fixed)}: SYSTEM and PROCESS never roll back (SYSTEM is frozen, "
                              "PROCESS only grows); name layers among L2..L5, or none for all of them")
-        return self
+        return layers
 
 
 class ConfigArgs(_Args):

@@ -214,8 +214,9 @@ def test_the_own_process_answers_every_error_status_it_declares(call: Client) ->
     _error(call("POST", f"{GOV}/inspect", body={"instance_id": iid, "layers": ["L9"]}), 422, "'L9'", "L0..L5")
     _error(call("POST", f"{GOV}/compress", body={"instance_id": iid, "action": "squash"}), 422, "body.action",
            "'evaluate'")
-    _error(call("POST", f"{GOV}/rollback", body={"instance_id": iid, "snapshot_id": "snap:main:1",
-                                                 "layers": ["L0"]}), 422, "L0", "L2..L5")
+    error = _error(call("POST", f"{GOV}/rollback", body={"instance_id": iid, "snapshot_id": "snap:main:1",
+                                                         "layers": ["L0"]}), 422, "L0", "L2..L5")
+    assert error["problems"][0]["field"] == "body.layers", error  # was "body": the field was not named
     _error(call("POST", f"{GOV}/config", body={"instance_id": iid, "activity_id": "signoff",
                                                "config": {"script": "import os"}}), 422, "'signoff'", "script")
     _error(call("POST", f"{GOV}/inject", body={"instance_id": iid, "valuez": {}}), 422, "'valuez'", "'values'")
