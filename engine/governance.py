@@ -1492,7 +1492,10 @@ class GovernanceService:
         def step(instance: Instance) -> Instance:
             waiting = [w for w in instance.waiting_for if w.get("kind") == "user_task"]
             if instance.status != "waiting" or not any(task_id in (w.get("id"), w.get("task_id")) for w in waiting):
-                shown = ", ".join(f"{w['task_id']} ({w['id']})" for w in waiting) or "no user task"
+                # what it does wait for, so the client knows which endpoint answers it
+                others = ", ".join(f"{w.get('kind')} {w.get('id')}" for w in instance.waiting_for if w not in waiting)
+                shown = (", ".join(f"{w['task_id']} ({w['id']})" for w in waiting)
+                         or f"no user task{f' but for {others}' if others else ''}")
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
                                          f"{task_id!r}; it waits for {shown}")
             instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)

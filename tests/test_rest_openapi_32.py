@@ -246,7 +246,7 @@ def test_the_own_process_answers_every_error_status_it_declares(call: Client) ->
                                                "config": {"compressTokenThreshold": 100}}), 409, "version 99",
            "load it again")
     _error(call("POST", "/api/instances/{instance_id}/user-tasks/{task_id}", iid, "signoff",
-                body={"data": {"ok": True}}), 409, "'signoff'")
+                body={"data": {"ok": True}}), 409, "'signoff'", f"confirmation {QUESTION}")  # was: "no user task"
     _error(call("POST", "/api/instances/{instance_id}/events", iid, body={"name": "nothing"}), 409, "'nothing'",
            QUESTION)
     r = call("POST", "/api/confirmations/{confirmation_id}", QUESTION, body={"instance_id": iid, "value": "ship"})
