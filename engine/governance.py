@@ -84,7 +84,7 @@ from context_layers.tape import Event, EventKind, kind_names, matches_kind
 
 from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 
-from . import forms, spiff
+from . import events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import holding
 from .process import Process, load_process
@@ -1492,10 +1492,9 @@ class GovernanceService:
         def step(instance: Instance) -> Instance:
             waiting = [w for w in instance.waiting_for if w.get("kind") == "user_task"]
             if instance.status != "waiting" or not any(task_id in (w.get("id"), w.get("task_id")) for w in waiting):
-                # what it does wait for, so the client knows which endpoint answers it
-                others = ", ".join(f"{w.get('kind')} {w.get('id')}" for w in instance.waiting_for if w not in waiting)
+                # none waits: name what does (a confirmation, a message), as the engine's refusal does
                 shown = (", ".join(f"{w['task_id']} ({w['id']})" for w in waiting)
-                         or f"no user task{f' but for {others}' if others else ''}")
+                         or f"no user task ({events.describe_waiting(instance.waiting_for)})")
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
                                          f"{task_id!r}; it waits for {shown}")
             instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)
