@@ -1050,6 +1050,11 @@ def _problem(error: Any, body_model: Any = None) -> dict[str, str]:
         where = f" at position {loc[1]}" if len(loc) > 1 else ""
         return {"field": "body", "message": f"the body is not valid JSON: {found}{where}; send one JSON object "
                                             "(double-quoted names and strings, no trailing commas)"}
+    if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == ID_PATTERN:
+        # pydantic's "should match pattern" names a regex, not the value or what an id is
+        return {"field": ".".join(str(p) for p in loc),
+                "message": f"{error.get('input')!r} is no id: an id has letters, digits and _ . : @ - only "
+                           "(GET /api/instances lists the instances' ids)"}
     return {"field": ".".join(str(p) for p in loc), "message": error.get("msg", "")}
 
 

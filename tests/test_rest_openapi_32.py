@@ -222,6 +222,10 @@ def test_the_own_process_answers_every_error_status_it_declares(call: Client) ->
     _error(call("POST", f"{GOV}/inject", body={"instance_id": iid, "valuez": {}}), 422, "'valuez'", "'values'")
     _error(call("GET", "/api/instances/{instance_id}/replay", iid, params={"until": -1}), 422, "query.until")
     _error(call("GET", "/api/instances", params={"status": "done"}), 422, "query.status", "'completed'")
+    # was "String should match pattern ...": neither the value nor what an id is
+    _error(call("GET", "/api/instances/{instance_id}", "a b"), 422, "path.instance_id", "'a b' is no id",
+           "GET /api/instances")
+    _error(call("GET", "/api/confirmations", params={"instance_id": "a/b"}), 422, "query.instance_id", "'a/b'")
     _error(call("POST", "/api/instances/{instance_id}/user-tasks/{task_id}", iid, "signoff", body={"data": "x"}),
            422, "body.data")
     # 403: the layer rules
