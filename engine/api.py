@@ -687,7 +687,9 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
             raise Unauthorized("send the API token as `Authorization: Bearer <token>`")
         if not hmac.compare_digest(credentials.credentials.encode("utf-8", "surrogatepass"),
                                    secret.encode("utf-8")):
-            raise Unauthorized("the bearer token is not this server's API token")
+            raise Unauthorized("the bearer token is not this server's API token; send the one the server was "
+                               f"started with (`layerflow serve --token`, or {TOKEN_ENV}) as "
+                               "`Authorization: Bearer <token>`")
 
     # Checked before the body is read, so a request without a token gets 401, never a
     # validation error that would tell it about the body.
@@ -726,6 +728,9 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
             problems = [{"field": "body", "message": f"the body was sent with "
                          f"{f'Content-Type: {sent}' if sent else 'no Content-Type'}, so it was not read as "
                          "JSON; send one JSON object with the header `Content-Type: application/json`"}]
+        elif whole := [e for e in err.errors()
+                       if tuple(e.get("loc", ())) == ("body",) and e.get("type") in _NO_OBJECT]:
+            problems = [_no_object(whole[0], body_model)]
         text = "; ".join(f"{p['field']}: {p['message']}" for p in problems[:10])
         return _documented(request, _error("validation_error", f"invalid request: {text}", problems=problems))
 
@@ -769,7 +774,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.post("/api/context-governance/inspect", tags=["context-governance"], response_model=None,
               responses=answer_responses("inspect", InspectResult, "the context, layer by layer"))
-    def inspect(body: InspectRequest, instance_id: QueryId = None,
+    # every field is optional: `POST .../inspect?instance_id=ID` with no body is a whole request (README)
+    def inspect(body: Annotated[InspectRequest, Body(default_factory=InspectRequest)], instance_id: QueryId = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Per layer: tokens, keys, attention scores, last modified, size, top keys."""
         return s.inspect(_instance_of(body, instance_id), InspectArgs.model_validate(_args(body, InspectArgs)),
@@ -819,7 +825,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.post("/api/context-governance/snapshot", tags=["context-governance"], response_model=None,
               responses=answer_responses("snapshot", SnapshotResult, "the snapshot taken"))
-    def snapshot(body: SnapshotRequest, instance_id: QueryId = None,
+    def snapshot(body: Annotated[SnapshotRequest, Body(default_factory=SnapshotRequest)],
+                 instance_id: QueryId = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
         return s.snapshot(_instance_of(body, instance_id), SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
@@ -1043,7 +1050,33 @@ def _problem(error: Any, body_model: Any = None) -> dict[str, str]:
         where = f" at position {loc[1]}" if len(loc) > 1 else ""
         return {"field": "body", "message": f"the body is not valid JSON: {found}{where}; send one JSON object "
                                             "(double-quoted names and strings, no trailing commas)"}
+    if error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == ID_PATTERN:
+        # pydantic's "should match pattern" names a regex, not the value or what an id is
+        return {"field": ".".join(str(p) for p in loc),
+                "message": f"{error.get('input')!r} is no id: an id has letters, digits and _ . : @ - only "
+                           "(GET /api/instances lists the instances' ids)"}
     return {"field": ".".join(str(p) for p in loc), "message": error.get("msg", "")}
+
+
+_NO_OBJECT = {"missing", "model_attributes_type", "dict_type", "model_type"}  # the body as a whole
+_JSON_KINDS = ((bool, "JSON true or false"), (list, "a JSON array"), (str, "a JSON string"),
+               ((int, float), "a JSON number"), (type(None), "JSON null"))
+
+
+def _no_object(error: Any, body_model: Any) -> dict[str, str]:
+    """The body as a whole is missing or no JSON object: what was sent, and what to send instead
+    (pydantic's "should be a valid dictionary or object to extract fields from" says neither)."""
+    if error.get("type") == "missing":
+        sent = "no body was sent"
+    else:
+        found = error.get("input")
+        sent = "the body is " + next((name for kinds, name in _JSON_KINDS if isinstance(found, kinds)), "no object")
+    needed = ["instance_id"] if isinstance(body_model, type) and issubclass(body_model, _Instance) else []
+    if isinstance(body_model, type) and issubclass(body_model, BaseModel):
+        needed += [name for name, info in body_model.model_fields.items() if info.is_required()]
+    with_fields = f" with {', '.join(needed)}" if needed else ""
+    return {"field": "body", "message": f"{sent}; send one JSON object{with_fields} and the header "
+                                        "`Content-Type: application/json` (every field: /docs)"}
 
 
 def _fields_at(model: Any, path: tuple[Any, ...]) -> list[str] | None:

@@ -84,7 +84,7 @@ from context_layers.tape import Event, EventKind, kind_names, matches_kind
 
 from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 
-from . import forms, spiff
+from . import events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import holding
 from .process import Process, load_process
@@ -523,14 +523,16 @@ class RollbackArgs(_Args):
     context: ContextName = None
     reason: str | None = None
 
-    @model_validator(mode="after")
-    def _no_fixed_layer(self) -> "RollbackArgs":
-        # named explicitly, SYSTEM or PROCESS would be skipped without a word: refused instead
-        fixed = [name for name in self.layers or [] if Layer.parse(name) < Layer.KNOWLEDGE]
+    @field_validator("layers")
+    @classmethod
+    def _no_fixed_layer(cls, layers: list[str] | None) -> list[str] | None:
+        # named explicitly, SYSTEM or PROCESS would be skipped without a word: refused instead (a field
+        # validator, so the refusal names the field `layers`, not the body as a whole)
+        fixed = [name for name in layers or [] if Layer.parse(name) < Layer.KNOWLEDGE]
         if fixed:
             raise ValueError(f"layers {', '.join(fixed)}: SYSTEM and PROCESS never roll back (SYSTEM is frozen, "
                              "PROCESS only grows); name layers among L2..L5, or none for all of them")
-        return self
+        return layers
 
 
 class ConfigArgs(_Args):
@@ -1490,7 +1492,9 @@ class GovernanceService:
         def step(instance: Instance) -> Instance:
             waiting = [w for w in instance.waiting_for if w.get("kind") == "user_task"]
             if instance.status != "waiting" or not any(task_id in (w.get("id"), w.get("task_id")) for w in waiting):
-                shown = ", ".join(f"{w['task_id']} ({w['id']})" for w in waiting) or "no user task"
+                # none waits: name what does (a confirmation, a message), as the engine's refusal does
+                shown = (", ".join(f"{w['task_id']} ({w['id']})" for w in waiting)
+                         or f"no user task ({events.describe_waiting(instance.waiting_for)})")
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
                                          f"{task_id!r}; it waits for {shown}")
             instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)
