@@ -123,8 +123,9 @@ def test_compressions_fire_in_several_rounds_with_designs_fields(store: str, six
     snapshots = look(store, "snapshot", doc["instance_id"], "--list")
     listed = {s["snapshot_id"] if isinstance(s, dict) else s for s in
               (snapshots["snapshots"] if isinstance(snapshots, dict) else snapshots)}
-    on_tape = [e for e in events if e["kind"] == "compress" or (e.get("data") or {}).get("note") == "compress"]
-    assert [e["seq"] for e in on_tape] == [c["event_seq"] for c in comps]
+    listing = look(store, "tape", doc["instance_id"], "--kind", "compression")
+    on_tape = listing if isinstance(listing, list) else listing["events"]
+    assert [(e["seq"], e["data"]["snapshot_id"]) for e in on_tape] == [(c["event_seq"], c["snapshot_id"]) for c in comps]
     for c in comps:
         assert c["activity_id"] == "review"
         assert isinstance(c["triggers"], list) and c["triggers"]
@@ -190,6 +191,12 @@ def test_replay_at_every_seq_is_the_context_the_run_had(store: str, six: dict[st
             assert {k["key"]: k["value"] for k in rest_l3} == json.loads(json.dumps(layers["L3"])), e["seq"]
             assert [k["key"] for k in rest_l3] == list(layers["L3"]), e["seq"]
     assert look(store, "inspect", iid)["layers"] == six["doc"]["layers"]
+    with TestClient(create_app(store, token=TOKEN)) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        seen = client.post("/api/context-governance/inspect", json={"instance_id": iid})
+    assert seen.status_code == 200, seen.text
+    assert seen.json()["layers"]["L3"]["keys"] == list(six["doc"]["layers"]["L3"])
+    assert {"risk_flags", "round_no"} <= set(seen.json()["preserved"])
     assert at(events, events[-1]["seq"]).layer("L3") == six["doc"]["layers"]["L3"]
 
 
@@ -233,8 +240,10 @@ def _normal(layers: dict[str, Any]) -> str:
     return re.sub(r"snap:main:\d+", "snap", json.dumps(layers, sort_keys=True))
 
 
+@pytest.mark.parametrize("how", ["cli", "rest"])
 def test_rollback_mid_loop_then_resume_ends_as_an_uninterrupted_run(store: str, six: dict[str, Any], api: TestClient,
-                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    how: str) -> None:
     flag = tmp_path / "fail_once"
     flag.write_text("4")
     monkeypatch.setenv("REVIEW40_FAIL_ONCE", str(flag))
@@ -244,9 +253,13 @@ def test_rollback_mid_loop_then_resume_ends_as_an_uninterrupted_run(store: str, 
     # the operator rolls the context back to the snapshot taken as round 4's review began
     begins = [e for e in tape_events(store, iid) if e["kind"] == "begin" and e["activity"] == "review"]
     snap = begins[-1]["data"]["snapshot_id"]
-    rolled = api.post("/api/context-governance/rollback", json={"instance_id": iid, "snapshot_id": snap})
-    assert rolled.status_code == 200, rolled.text
-    assert rolled.json()["layers"]["L3"]["round_no"] == 4
+    if how == "rest":
+        answer = api.post("/api/context-governance/rollback", json={"instance_id": iid, "snapshot_id": snap})
+        assert answer.status_code == 200, answer.text
+        rolled = answer.json()
+    else:
+        rolled = look(store, "rollback", iid, "--snapshot", snap)
+    assert rolled["layers"]["L3"]["round_no"] == 4 and rolled["snapshot_id"] == snap
     done = look(store, "resume", iid)
     assert done["status"] == "completed", done["error"]
     assert _normal(done["layers"]) == _normal(six["doc"]["layers"])
