@@ -306,12 +306,20 @@ def write_result(actx: ActivityContext, result: Mapping[str, Any] | None) -> lis
             actx.scope[key] = value
             written.append(key)
             continue
-        current = ctx.get(key, _MISSING)
-        if current is not _MISSING and json_equal(current, value):
+        if holds_already(ctx, key, value):
             continue
         ctx.write(Layer.WORKING, key, value, actor=actx.task_id)
         written.append(key)
     return written
+
+
+def holds_already(ctx: LayeredContext, key: str, value: Any) -> bool:
+    """Whether writing ``value`` to ``key`` would be no write at all: the context holds that value
+    already, and not in HISTORY. A key of HISTORY written again with its value (a loop's verdict that
+    stays ``False`` round after round) is a write all the same: the activity record lists it, so the
+    cliff after the activity keeps it for the step that reads it next, and the tape shows the decision."""
+    current = ctx.get(key, _MISSING)
+    return current is not _MISSING and json_equal(current, value) and ctx.locate(key) != Layer.HISTORY
 
 
 class ScriptNamespace(dict):  # type: ignore[type-arg]
@@ -388,9 +396,13 @@ class ScriptNamespace(dict):  # type: ignore[type-arg]
             value = dict.__getitem__(self, key)
             if isinstance(value, (types.ModuleType, type)) or callable(value):
                 continue
-            current = self._context.get(key, _MISSING)
-            if current is not _MISSING and json_equal(current, value):
-                continue
+            if key in self.assigned:
+                if holds_already(self._context, key, value):
+                    continue
+            else:
+                current = self._context.get(key, _MISSING)
+                if current is not _MISSING and json_equal(current, value):
+                    continue
             writes[key] = value
         deletes = [k for k in self.deleted if not k.startswith("_") and k not in self._scoped and k in self._context]
         return writes, deletes

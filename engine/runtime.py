@@ -272,7 +272,8 @@ class Instance:
             name = str(record.get("context") or MAIN)
             ctx = self.contexts.get(name)
             seq = record.get("event_seq")
-            undone = self._undone(ctx, seq) if ctx is not None and isinstance(seq, int) else None
+            undone = self._undone(ctx, seq, record.get("snapshot_id")) if ctx is not None and isinstance(seq, int) \
+                else None
             if undone is None and (self.branches.get(name) or {}).get("status") == "joined":
                 if merged is None:
                     merged = self._decompressed_merged()
@@ -281,13 +282,18 @@ class Instance:
         return out
 
     @staticmethod
-    def _undone(ctx: LayeredContext, seq: int) -> dict[str, Any] | None:
-        """How the compression whose event is ``seq`` of ``ctx`` was last undone there (``None``: it stands)."""
+    def _undone(ctx: LayeredContext, seq: int, snapshot_id: Any = None) -> dict[str, Any] | None:
+        """How the compression whose event is ``seq`` of ``ctx`` (its snapshot ``snapshot_id``) was
+        last undone there (``None``: it stands)."""
         undone = None
         for e in ctx.tape.since(seq + 1):
             if e.kind not in (EventKind.ABORT, EventKind.RESTORE):
                 continue
             if e.kind == EventKind.RESTORE and int(Layer.HISTORY) not in (e.data.get("layers") or ()):
+                continue
+            if e.data.get("note") == "decompress" and e.data.get("snapshot_id") != snapshot_id:
+                # undoing another compression re-applies what HISTORY gained since it, this one's
+                # compaction included: it neither undoes this one nor brings it back
                 continue
             snap = e.snapshot
             if snap is None:
@@ -3349,8 +3355,20 @@ def _folded_hint(ctx: LayeredContext | None, name: str, others: Iterable[Layered
                 branch = "" if where is ctx else f" in context {where.name!r}"
                 return (f"; {name!r} was removed from HISTORY by the compression after activity {e.activity or e.actor!r}"
                         f"{branch} (event {e.seq}, snapshot {(e.data or {}).get('snapshot_id')}): add {name!r} to that"
-                        f" activity's preserveKeys or narrow its compressRules")
+                        f" activity's preserveKeys or narrow its compressRules{_misspelt_preserved(where, name)}")
     return ""
+
+
+def _misspelt_preserved(ctx: LayeredContext, name: str) -> str:
+    """A preserved key that no layer holds and that reads like ``name``: the preserveKeys entry the
+    process meant for it, misspelt (the advice to preserve ``name`` alone reads as already done)."""
+    idle = sorted(k for k in ctx.preserved if k != name and ctx.get(k, ABSENT) is ABSENT)
+    close = difflib.get_close_matches(name, idle, n=3, cutoff=0.75)
+    if not close:
+        return ""
+    named = ", ".join(repr(k) for k in close)
+    return (f" (preserveKeys name {named}, which no layer holds: a misspelling of {name!r}? "
+            f"write {name!r} there instead)")
 
 
 def _start_data(ctx: LayeredContext | None, err: BaseException, others: Iterable[LayeredContext]) -> str:
