@@ -258,9 +258,10 @@ class ConflictPolicy(_Model):
     policy_text: str | None = None
 
 
-# the longest a person's answer is waited for: a deadline past it (1e300 seconds) overflowed every
-# date it was shown as, failing the instance when it was saved or resumed, not the config or the call
-MAX_CONFIRM_TIMEOUT = 10 * 365.25 * 86400  # 10 years, in seconds
+# the longest a person's answer is waited for, in seconds (1,000 years): a large timeout is how a config
+# says "never", but a deadline past year 9999 (1e300 seconds) overflowed every date it was shown as,
+# failing the instance when it was saved or resumed, not the config or the call
+MAX_CONFIRM_TIMEOUT = 1000 * 365.25 * 86400
 
 
 class HumanConfirmConfig(_Model):

@@ -15,7 +15,7 @@ What this round found (each test failed on main):
   failed the instance's save, raised out of ``Engine.run``; it is a tool error the model can correct;
 * ``human_confirm`` with a timeout of 1e300 seconds (and a join's ``humanConfirm.timeout`` so) was taken: the
   deadline overflowed every date it was shown as, failing the instance as an ``engine_error`` naming no task;
-  it is refused (at most 10 years), as a tool error and in the config, naming the field;
+  it is refused (at most 1,000 years), as a tool error and in the config, naming the field;
 * ``context_inspect``'s ``filter.key_prefix`` with a ``[`` that never closes matched no key, silently: the
   model read that the context held none; it is a tool error naming the glob, as a compress rule's pattern is;
 * a ``context_compress`` the model called with a ``summarize`` rule inside its own step got an extractive
