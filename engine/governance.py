@@ -86,7 +86,7 @@ from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 
 from . import events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
-from .leases import holding
+from .leases import held_by, holding
 from .process import Process, load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled
 from .store import record_head
@@ -986,12 +986,20 @@ class GovernanceService:
             start_form = {"event_id": event_id, **forms.public_form(form)}
         return {**(entry or {"id": process_id}), "start_form": start_form}
 
-    def list_instances(self, status: str | None = None) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.engine.store.list() if status is None or r.get("status") == status]
+    def list_instances(self, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
+        """Summaries, newest first; ``holders``: each with ``held_by`` (a lease lookup per row, so
+        only for a listing someone reads)."""
+        rows = [dict(r) for r in self.engine.store.list() if status is None or r.get("status") == status]
+        if holders:
+            for r in rows:
+                r["held_by"] = held_by(self.engine.store, r["id"], r["status"])
+        return rows
 
     def document(self, instance_id: str) -> dict[str, Any]:
+        """The instance's `run --json` document, plus its version and who holds its lease."""
         instance = self.load(instance_id)
-        return {**instance.to_document(), "version": instance.version}
+        return {**instance.to_document(), "version": instance.version,
+                "held_by": held_by(self.engine.store, instance.id, instance.status)}
 
     def tape(self, instance_id: str, *, context: str | None = None, kind: str | None = None,
              activity: str | None = None, branch: str | None = None, key: str | None = None,
