@@ -34,7 +34,7 @@ from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDe
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
-from .governance import (InvalidAnswer, activity_events, activity_ids, event_document, moved_keys,
+from .governance import (InvalidAnswer, activity_events, event_document, moved_keys, no_activity,
                          no_key_or_branch)
 from .leases import LEASE_TTL, held_by, holding
 from .process import load_process
@@ -1657,10 +1657,9 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
                    err=True)
     elif not events and activity:  # a mistyped BPMN id finds nothing as quietly as an id with no events
-        ids = activity_ids(instance.contexts[n] for n in names)
-        if activity not in ids:
-            click.echo(f"layerflow: no event of activity {activity!r} here; activities and gateways on this tape: "
-                       f"{', '.join(ids)}", err=True)
+        missing = no_activity(instance, names, activity)
+        if missing is not None:
+            click.echo(f"layerflow: {missing[0]}", err=True)
     elif not events and (key or branch):  # a typo, or a branch the split did not take: say what is there
         click.echo(f"layerflow: {no_key_or_branch([instance.contexts[n] for n in names], key, branch)[0]}", err=True)
     if as_json:

@@ -1027,11 +1027,9 @@ class GovernanceService:
             doc["note"] = f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}"
             doc["kinds"] = seen
         elif activity is not None and not rows:
-            ids = activity_ids(instance.contexts[n] for n in names)
-            if activity not in ids:  # a mistyped BPMN id, named as `layerflow tape --activity` names it
-                doc["note"] = (f"no event of activity {activity!r} here; activities and gateways on this tape: "
-                               f"{', '.join(ids)}")
-                doc["activities"] = ids
+            missing = no_activity(instance, names, activity)
+            if missing is not None:  # a mistyped BPMN id, named as `layerflow tape --activity` names it
+                doc["note"], doc["activities"] = missing
         elif (key is not None or branch is not None) and not rows:  # a typo, or a branch the split did not take
             doc["note"], listed = no_key_or_branch((instance.contexts[n] for n in names), key, branch)
             doc.update(listed)
@@ -1746,10 +1744,12 @@ def no_key_or_branch(contexts: Iterable[LayeredContext], key: str | None,
     return (f"no event of key {key!r} in branch {branch!r}" if key and branch else "no event matches"), {}
 
 
-def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
+def activity_ids(contexts: Iterable[LayeredContext], elements: Iterable[str]) -> list[str]:
     """The ids ``activity_events`` finds events of in ``contexts``, sorted: the activities and gateways
-    the events name, and the actor of an event that names no activity (an actor of an activity's events,
-    ``cli`` sending a message, is no id to look for: nothing would be found by it)."""
+    the events name, and the actor of an event that names no activity when it is one of ``elements``
+    (the process's BPMN ids: an activity's closing events are its own; ``engine``, ``person``, ``api``
+    or ``input`` are who acted, no activity to look for)."""
+    known = set(elements)
     ids: set[str] = set()
     for ctx in contexts:
         for e in ctx.tape:
@@ -1757,11 +1757,26 @@ def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
                 ids.add(str(e.activity))
                 continue
             data = e.data or {}
-            ids.update(str(i) for i in (e.actor, data.get("gateway"), data.get("gateway_id"), data.get("task_id")) if i)
+            ids.update(str(i) for i in (data.get("gateway"), data.get("gateway_id"), data.get("task_id")) if i)
+            if e.actor and str(e.actor) in known:
+                ids.add(str(e.actor))
             confirmation = str(data.get("confirmation_id") or "")
             if "/" in confirmation:
                 ids.add(confirmation.split("/", 1)[0])
     return sorted(ids)
+
+
+def no_activity(instance: Instance, names: Iterable[str], activity: str) -> tuple[str, list[str]] | None:
+    """What a tape filter by ``activity`` that found nothing says (``layerflow tape`` on stderr, the
+    REST tape's ``note``) when no event on the tapes of contexts ``names`` is of it: the nearest ids
+    and all of them; None when the id is there (it has no event matching the other filters)."""
+    ids = activity_ids((instance.contexts[n] for n in names), instance.process.element_ids())
+    if activity in ids:
+        return None
+    near = difflib.get_close_matches(activity, ids, n=3)
+    hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+    return (f"no event of activity {activity!r} here; {hint}activities and gateways on this tape: "
+            f"{', '.join(ids) or 'none'}"), ids
 
 
 _ABSENT = object()

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +14,10 @@ from fastapi.testclient import TestClient
 from engine.api import create_app
 from engine.governance import GovernanceService
 from engine.leases import lease_store
+from engine.process import load_process
 from engine.runtime import Engine
 
-from governance_helpers import NOTES, TOKEN, make_catalog
+from governance_helpers import EXAMPLES, LOAN_CONFLICT, NOTES, ROOT, TOKEN, make_catalog
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -52,3 +56,27 @@ def _held(client: TestClient, iid: str) -> tuple[Any, Any]:
     (row,) = [r for r in client.get("/api/instances", headers=AUTH).json() if r["id"] == iid]
     doc = client.get(f"/api/instances/{iid}", headers=AUTH).json()
     return row["held_by"], doc["held_by"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def test_tape_activity_typo_lists_only_the_process_ids_and_names_the_nearest(tmp_path: Path) -> None:
+    """The loan tape has events by the actors ``engine`` and ``input`` (no activity of the process):
+    a mistyped ``--activity`` listed them as "activities and gateways" and gave no hint."""
+    store = f"sqlite:///{tmp_path / 'tape.db'}"
+    engine = Engine(store)
+    instance = engine.run(load_process(EXAMPLES / "loan_approval.bpmn"), LOAN_CONFLICT)
+    doc = GovernanceService(engine).tape(instance.id, activity="risk_asessment")
+    assert doc["count"] == 0
+    assert "risk_assessment" in doc["activities"] and "approval_split" in doc["activities"]
+    assert not {"engine", "input"} & set(doc["activities"]), doc["activities"]
+    assert "did you mean 'risk_assessment'?" in doc["note"], doc["note"]
+    result = _cli("tape", instance.id, "--activity", "risk_asessment", "--store", store)
+    assert result.returncode == 0 and result.stdout == "", result
+    assert result.stderr.strip() == f"layerflow: {doc['note']}"
+    listed = result.stderr.split("activities and gateways on this tape: ")[1].strip().split(", ")
+    assert listed == doc["activities"]
