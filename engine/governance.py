@@ -70,7 +70,7 @@ from context_layers.canonical import freeze, json_equal, text_problem
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
 from context_layers.compression import HOOK_KEEP_RECENT, RuleDrivenCompressor, decompress, evaluate
 from context_layers.config import (MAX_CONFIRM_TIMEOUT, ActivityExtensionConfig, _unclosed_bracket, CompressRule, config_from_dict,
-                                   format_validation_error)
+                                   doubled_option, format_validation_error)
 from context_layers.errors import (
     ActivityError,
     ConfigError,
@@ -632,6 +632,14 @@ class HumanConfirmArgs(_Args):
                                   description="seconds until the default is taken")
     default: Any = Field(default=None, description="the value taken when the timeout passes: one of the options' "
                                                    "values (or labels)")
+
+    @field_validator("options")
+    @classmethod
+    def _options_differ(cls, options: list[ConfirmOption]) -> list[ConfirmOption]:
+        doubled = doubled_option([o.value for o in options])
+        if doubled:
+            raise ValueError(doubled)
+        return options
 
     @field_validator("default")
     @classmethod

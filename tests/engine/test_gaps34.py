@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from engine.api import create_app
 from engine.governance import GovernanceService
 from engine.leases import lease_store
 from engine.process import load_process
+from engine.tools import dispatch_tool
 from engine.runtime import Engine
 
 from governance_helpers import EXAMPLES, LOAN_CONFLICT, NOTES, ROOT, TOKEN, make_catalog
@@ -80,3 +82,41 @@ def test_tape_activity_typo_lists_only_the_process_ids_and_names_the_nearest(tmp
     assert result.stderr.strip() == f"layerflow: {doc['note']}"
     listed = result.stderr.split("activities and gateways on this tape: ")[1].strip().split(", ")
     assert listed == doc["activities"]
+
+
+@pytest.mark.parametrize("options, said", [
+    pytest.param([{"label": "approve", "value": "yes"}, {"label": "ship it", "value": "yes"}], '"yes"', id="same-value"),
+    pytest.param([{"label": "approve"}, {"label": "reject"}], "null", id="labels-only"),
+])
+def test_a_human_confirm_tool_call_with_two_options_of_one_value_is_refused(
+        tmp_path: Path, options: list[dict[str, Any]], said: str) -> None:
+    """An answer is one option's value: two options of one value cannot be told apart, so the
+    model is told which value is doubled, and nobody is asked."""
+    engine = Engine(f"sqlite:///{tmp_path / 'confirm.db'}")
+    instance = engine.run(load_process(EXAMPLES / "loan_approval.bpmn"), LOAN_CONFLICT)
+    service = GovernanceService(engine)
+    result = dispatch_tool(service, instance.id, "human_confirm", {"message": "ok?", "options": options})
+    error = result["error"]
+    assert error["kind"] == "validation_error", result
+    assert f"the value {said}" in error["message"] and "its own value" in error["message"], error
+    assert [p["field"] for p in error["problems"]] == ["options"], error
+    assert not [c for c in engine.load(instance.id).confirmations if str(c["id"]).startswith("model:")]
+
+
+@pytest.mark.parametrize("human_confirm, field", [
+    pytest.param("    options: [approved, {label: fine, value: approved}]\n", "humanConfirm.options", id="options"),
+    pytest.param("    options: [approved]\n    extraOptions: [{label: again, value: approved}]\n",
+                 "humanConfirm.extraOptions", id="extra-options"),
+])
+def test_validate_names_a_join_s_options_of_one_value(tmp_path: Path, human_confirm: str, field: str) -> None:
+    for name in ("loan_approval.bpmn", "loan_handlers.py", "knowledge"):
+        (tmp_path / name).symlink_to(EXAMPLES / name)
+    text = (EXAMPLES / "loan_approval.layerflow.yaml").read_text()
+    assert "  humanConfirm:\n    timeout: 300\n" in text
+    config = tmp_path / "loan_approval.layerflow.yaml"
+    config.write_text(text.replace("  humanConfirm:\n    timeout: 300\n", "  humanConfirm:\n    timeout: 300\n"
+                                   + human_confirm))
+    result = _cli("validate", str(tmp_path / "loan_approval.bpmn"))
+    assert result.returncode == 2, result
+    (line,) = [ln for ln in result.stdout.splitlines() if '"approved"' in ln]
+    assert "loan_approval.layerflow.yaml" in line and "review_join" in line and field in line, line
