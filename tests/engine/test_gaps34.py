@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from engine.process import load_process
 from engine.tools import dispatch_tool
 from engine.runtime import Engine
 
+from engine_helpers import flow, write_elements
 from governance_helpers import EXAMPLES, LOAN_CONFLICT, NOTES, ROOT, TOKEN, make_catalog
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -120,3 +122,31 @@ def test_validate_names_a_join_s_options_of_one_value(tmp_path: Path, human_conf
     assert result.returncode == 2, result
     (line,) = [ln for ln in result.stdout.splitlines() if '"approved"' in ln]
     assert "loan_approval.layerflow.yaml" in line and "review_join" in line and field in line, line
+
+
+XOR = [
+    '<bpmn:startEvent id="start"/>',
+    '<bpmn:exclusiveGateway id="pick" default="pick_to_a"/>',
+    '<bpmn:scriptTask id="a"><bpmn:script>done = True</bpmn:script></bpmn:scriptTask>',
+    '<bpmn:scriptTask id="b"><bpmn:script>done = False</bpmn:script></bpmn:scriptTask>',
+    '<bpmn:endEvent id="end"/>',
+    flow("start", "pick"), flow("pick", "a"), flow("pick", "b", "False"), flow("a", "end"), flow("b", "end"),
+]
+
+
+@pytest.mark.parametrize("kind", ["denied", "deny", "denied_write"])
+def test_tape_kind_denied_lists_a_refused_inject_once(tmp_path: Path, kind: str) -> None:
+    """The process's data fixes ``_branch_id`` in PROCESS: the XOR split's inject of its marker is
+    refused (an ``inject_refused`` note, no ``denied`` write stands for it), and a user filtering the
+    tape for refusals is shown it, once, by REST and by the CLI alike."""
+    store = f"sqlite:///{tmp_path / 'denied.db'}"
+    engine = Engine(store)
+    instance = engine.run(load_process(write_elements(tmp_path, "xor", XOR)), {"_branch_id": "mine"})
+    assert instance.status == "completed", instance.error
+    refused = [e.seq for e in instance.main.tape if (e.data or {}).get("note") == "inject_refused"]
+    assert len(refused) == 1
+    doc = GovernanceService(engine).tape(instance.id, kind=kind)
+    assert [e["seq"] for e in doc["events"]] == refused, doc
+    result = _cli("tape", instance.id, "--kind", kind, "--store", store, "--json")
+    assert result.returncode == 0, result
+    assert [e["seq"] for e in json.loads(result.stdout)] == refused
