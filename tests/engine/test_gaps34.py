@@ -1,5 +1,7 @@
 """Round 34 gaps: the REST instance documents name who holds an instance's lease (``held_by``) as
-`layerflow list` and `inspect --json` do; ..."""
+`layerflow list` and `inspect --json` do; a mistyped ``tape --activity`` offers the process's ids
+(no actors) and the nearest; a ``human_confirm`` with two options of one value is refused; the
+``denied`` tape filter lists a split's refused inject."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def test_rest_instance_list_and_document_name_the_lease_holder(tmp_path: Path) -
     GET /api/instances and GET /api/instances/{id}, as `layerflow list --json` names it; the
     OpenAPI schema declares the field."""
     engine = Engine(f"sqlite:///{tmp_path / 'gaps34.db'}")
-    with TestClient(create_app(GovernanceService(engine, _catalog(tmp_path)), token=TOKEN)) as client:
+    with TestClient(create_app(GovernanceService(engine, make_catalog(tmp_path)), token=TOKEN)) as client:
         iid = _waiting(client)
         assert _held(client, iid) == (None, None)
         leases = lease_store(engine.store)
@@ -50,10 +52,6 @@ def test_rest_instance_list_and_document_name_the_lease_holder(tmp_path: Path) -
         assert "held_by" in schemas["InstanceSummary"]["properties"]
         listing = client.get("/openapi.json").json()["paths"]["/api/instances"]["get"]["responses"]["200"]
         assert listing["content"]["application/json"]["schema"]["items"]["$ref"].endswith("/InstanceSummary")
-
-
-def _catalog(tmp_path: Path) -> Path:
-    return make_catalog(tmp_path)
 
 
 def _held(client: TestClient, iid: str) -> tuple[Any, Any]:
