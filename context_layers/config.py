@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from .canonical import text_problem
+from .canonical import canonical_json, text_problem
 from .context import key_begins
 from .errors import ConfigError
 
@@ -264,6 +265,27 @@ class ConflictPolicy(_Model):
 MAX_CONFIRM_TIMEOUT = 1000 * 365.25 * 86400
 
 
+def doubled_option(values: Sequence[Any], *, before: Sequence[Any] = ()) -> str | None:
+    """Why two of the options' ``values`` (after ``before``, options listed earlier) cannot be told
+    apart, or None: an answer is one option's value, so two options of one value would take the
+    same answer, whichever a person meant."""
+    seen = {canonical_json(v) for v in before}
+    for i, value in enumerate(values):
+        text = canonical_json(value)
+        if text in seen:
+            shown = json.dumps(value, ensure_ascii=False)
+            return (f"offers the value {shown} twice (option {i + 1} here repeats one listed before it): an answer "
+                    f"could not tell the two apart; give each option its own value, or drop one")
+        seen.add(text)
+    return None
+
+
+def _option_values(options: list[Any]) -> list[Any]:
+    """A join's ``humanConfirm`` options as the values a person answers with (a ``{label, value}``
+    or the value itself)."""
+    return [o["value"] if isinstance(o, Mapping) and "value" in o else o for o in options]
+
+
 class HumanConfirmConfig(_Model):
     """How a person is asked about a join conflict. ``message`` opens the question (the
     branches' values follow it); ``options`` (values, or ``{label, value}``) are offered
@@ -277,6 +299,23 @@ class HumanConfirmConfig(_Model):
     defaults: dict[str, Any] = Field(default_factory=dict)
     on_timeout: Literal["default", "escalate"] = "default"
     extra_options: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("options")
+    @classmethod
+    def _options_differ(cls, options: list[Any]) -> list[Any]:
+        doubled = doubled_option(_option_values(options))
+        if doubled:
+            raise PydanticCustomError("options_doubled", "{why}", {"why": doubled})
+        return options
+
+    @field_validator("extra_options")
+    @classmethod
+    def _extra_options_differ(cls, extra: list[dict[str, Any]], info: ValidationInfo) -> list[dict[str, Any]]:
+        doubled = doubled_option(_option_values(extra), before=_option_values(info.data.get("options") or []))
+        if doubled:
+            raise PydanticCustomError("options_doubled", "{why}", {"why": doubled + " (humanConfirm.options and "
+                                                                       "extraOptions are offered together)"})
+        return extra
 
     @field_validator("defaults", mode="before")
     @classmethod

@@ -51,9 +51,12 @@ KIND_ALIASES: dict[str, tuple[str, ...]] = {
     # a path that no gateway joins (a non-interrupting boundary event's, an event sub-process's) merges
     # back in a ``side_merge``: a join all the same
     "join": ("side_merge",), "merge": ("join", "side_merge"), "resolve": ("resolution",),
-    # an operator's refused inject is a ``governance_denied`` note (the write never reached the tape)
-    "denied": ("governance_denied",), "deny": ("denied", "governance_denied"),
-    "denied_write": ("denied", "governance_denied"),
+    # an operator's refused inject is a ``governance_denied`` note (the write never reached the tape);
+    # an XOR split's inject of its marker on a key SYSTEM or PROCESS fixed, an ``inject_refused`` note
+    # (no ``denied`` write stands for it: a contextInject the layers refuse is a ``denied`` write, and
+    # stops the split before any inject)
+    "denied": ("governance_denied", "inject_refused"), "deny": ("denied", "governance_denied", "inject_refused"),
+    "denied_write": ("denied", "governance_denied", "inject_refused"),
     # a branch's contextInject is written by its fork; an XOR's by an ``inject`` change; an operator's
     # by writes and a ``governance`` note whose ``op`` is ``inject`` (``matches_kind``)
     "inject": ("fork",),

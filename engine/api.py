@@ -342,6 +342,25 @@ class InstanceDocument(_Open):
     version: int
 
 
+HELD_BY = Field(description="who runs the instance right now (the worker or process holding its lease), "
+                           "else null", examples=["worker-7", None])
+
+
+class InstanceView(InstanceDocument):
+    """GET /api/instances/{id}: the instance's document, as `layerflow inspect --json` begins it."""
+    held_by: str | None = HELD_BY
+
+
+class InstanceSummary(_Open):
+    """One row of GET /api/instances, as `layerflow list --json` gives it."""
+    id: str
+    process_id: str
+    status: Status
+    version: int
+    updated: float | None
+    held_by: str | None = HELD_BY
+
+
 class RollbackDocument(InstanceDocument):
     """The instance's document with ``layers`` and ``tokens`` of the context rolled back, as they
     are after it, plus the rollback's own fields, as `layerflow rollback --json` prints it."""
@@ -897,12 +916,14 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         start event, which POST /api/instances checks the data against: 400 field by field) or null."""
         return s.process(process_id)
 
-    @app.get("/api/instances", tags=["instances"], responses=route_responses("list_instances"))
+    @app.get("/api/instances", tags=["instances"], response_model=None,
+             responses={200: {"model": list[InstanceSummary], "description": "the instances, newest first"},
+                        **route_responses("list_instances")})
     def list_instances(status: Status | None = Query(default=None, description="only this status"),
                        s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
-        """Instance summaries, newest first."""
-        return s.list_instances(status)
+        """Instance summaries, newest first, each naming who holds its lease right now (``held_by``)."""
+        return s.list_instances(status, holders=True)
 
     @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
               responses=document_responses("start", 201))
@@ -911,9 +932,10 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
 
     @app.get("/api/instances/{instance_id}", tags=["instances"], response_model=None,
-             responses=document_responses("document"))
+             responses=answer_responses("document", InstanceView, "the instance's document, as it is now"))
     def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
-        """The instance as `layerflow run --json` prints it, plus its version."""
+        """The instance as `layerflow run --json` prints it, plus its version and who holds its
+        lease right now (``held_by``)."""
         return s.document(instance_id)
 
     @app.post("/api/instances/{instance_id}/events", tags=["instances"], response_model=None,

@@ -34,9 +34,9 @@ from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDe
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
-from .governance import (InvalidAnswer, activity_events, activity_ids, event_document, moved_keys,
+from .governance import (InvalidAnswer, activity_events, event_document, moved_keys, no_activity,
                          no_key_or_branch)
-from .leases import LEASE_TTL, holding, lease_store
+from .leases import LEASE_TTL, held_by, holding
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
                       check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers, _utc)
@@ -1222,7 +1222,7 @@ def list_instances(store: str | None, as_json: bool) -> None:
     waiting one whose timer or answer is being run from one that still waits."""
     engine = _existing_engine(store, None, as_json)
     rows = engine.store.list() if engine is not None else []
-    held = {r["id"]: _held_by(engine, r["id"], r["status"]) if engine is not None else None for r in rows}
+    held = {r["id"]: held_by(engine.store, r["id"], r["status"]) if engine is not None else None for r in rows}
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc([{"instance_id": r["id"], **r, "held_by": held[r["id"]]} for r in rows])
         return
@@ -1230,16 +1230,6 @@ def list_instances(store: str | None, as_json: bool) -> None:
         by = f"  held by {held[r['id']]}" if held[r["id"]] else ""
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}{by}")
-
-
-def _held_by(engine: Engine, instance_id: str, status: str) -> str | None:
-    """Who runs the instance right now (holds its lease), or None. Not only a ``running`` one: a worker
-    that fires a waiting instance's due timer, or a resume with answers, holds it while the store still
-    says ``waiting`` (or ``error``, a failed activity retried) until its first save."""
-    leases = lease_store(engine.store)
-    if leases is None or status in ("completed", "cancelled"):
-        return None
-    return leases.lease_owner(instance_id)
 
 
 def _context(instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
@@ -1469,7 +1459,7 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     if as_json:
         doc = instance.to_document()  # the `run --json` fields, for this context
         layers = {name: values for name, values in ctx.as_dict().items() if name in shown_layers}
-        doc.update({"version": report["version"], "held_by": _held_by(service.engine, instance.id, instance.status),
+        doc.update({"version": report["version"], "held_by": held_by(service.engine.store, instance.id, instance.status),
                     "context": ctx.name, "layers": layers,
                     "tokens": ctx.token_report(), "attention": report["attention"], "attention_check": check,
                     "layer_stats": {name: {**report["layers"][name], "entries": rows}
@@ -1667,10 +1657,9 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
                    err=True)
     elif not events and activity:  # a mistyped BPMN id finds nothing as quietly as an id with no events
-        ids = activity_ids(instance.contexts[n] for n in names)
-        if activity not in ids:
-            click.echo(f"layerflow: no event of activity {activity!r} here; activities and gateways on this tape: "
-                       f"{', '.join(ids)}", err=True)
+        missing = no_activity(instance, names, activity)
+        if missing is not None:
+            click.echo(f"layerflow: {missing[0]}", err=True)
     elif not events and (key or branch):  # a typo, or a branch the split did not take: say what is there
         click.echo(f"layerflow: {no_key_or_branch([instance.contexts[n] for n in names], key, branch)[0]}", err=True)
     if as_json:

@@ -70,7 +70,7 @@ from context_layers.canonical import freeze, json_equal, text_problem
 from context_layers.attention import AttentionScore, CompressTriggerDetector, Scope, ScopeEntry
 from context_layers.compression import HOOK_KEEP_RECENT, RuleDrivenCompressor, decompress, evaluate
 from context_layers.config import (MAX_CONFIRM_TIMEOUT, ActivityExtensionConfig, _unclosed_bracket, CompressRule, config_from_dict,
-                                   format_validation_error)
+                                   doubled_option, format_validation_error)
 from context_layers.errors import (
     ActivityError,
     ConfigError,
@@ -86,7 +86,7 @@ from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 
 from . import events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
-from .leases import holding
+from .leases import held_by, holding
 from .process import Process, load_process
 from .runtime import AnswerWriteDenied, Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled
 from .store import record_head
@@ -633,6 +633,14 @@ class HumanConfirmArgs(_Args):
     default: Any = Field(default=None, description="the value taken when the timeout passes: one of the options' "
                                                    "values (or labels)")
 
+    @field_validator("options")
+    @classmethod
+    def _options_differ(cls, options: list[ConfirmOption]) -> list[ConfirmOption]:
+        doubled = doubled_option([o.value for o in options])
+        if doubled:
+            raise ValueError(doubled)
+        return options
+
     @field_validator("default")
     @classmethod
     def _default_is_an_option(cls, default: Any, info: ValidationInfo) -> Any:
@@ -986,12 +994,20 @@ class GovernanceService:
             start_form = {"event_id": event_id, **forms.public_form(form)}
         return {**(entry or {"id": process_id}), "start_form": start_form}
 
-    def list_instances(self, status: str | None = None) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.engine.store.list() if status is None or r.get("status") == status]
+    def list_instances(self, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
+        """Summaries, newest first; ``holders``: each with ``held_by`` (a lease lookup per row, so
+        only for a listing someone reads)."""
+        rows = [dict(r) for r in self.engine.store.list() if status is None or r.get("status") == status]
+        if holders:
+            for r in rows:
+                r["held_by"] = held_by(self.engine.store, r["id"], r["status"])
+        return rows
 
     def document(self, instance_id: str) -> dict[str, Any]:
+        """The instance's `run --json` document, plus its version and who holds its lease."""
         instance = self.load(instance_id)
-        return {**instance.to_document(), "version": instance.version}
+        return {**instance.to_document(), "version": instance.version,
+                "held_by": held_by(self.engine.store, instance.id, instance.status)}
 
     def tape(self, instance_id: str, *, context: str | None = None, kind: str | None = None,
              activity: str | None = None, branch: str | None = None, key: str | None = None,
@@ -1019,11 +1035,9 @@ class GovernanceService:
             doc["note"] = f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}"
             doc["kinds"] = seen
         elif activity is not None and not rows:
-            ids = activity_ids(instance.contexts[n] for n in names)
-            if activity not in ids:  # a mistyped BPMN id, named as `layerflow tape --activity` names it
-                doc["note"] = (f"no event of activity {activity!r} here; activities and gateways on this tape: "
-                               f"{', '.join(ids)}")
-                doc["activities"] = ids
+            missing = no_activity(instance, names, activity)
+            if missing is not None:  # a mistyped BPMN id, named as `layerflow tape --activity` names it
+                doc["note"], doc["activities"] = missing
         elif (key is not None or branch is not None) and not rows:  # a typo, or a branch the split did not take
             doc["note"], listed = no_key_or_branch((instance.contexts[n] for n in names), key, branch)
             doc.update(listed)
@@ -1738,10 +1752,12 @@ def no_key_or_branch(contexts: Iterable[LayeredContext], key: str | None,
     return (f"no event of key {key!r} in branch {branch!r}" if key and branch else "no event matches"), {}
 
 
-def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
+def activity_ids(contexts: Iterable[LayeredContext], elements: Iterable[str]) -> list[str]:
     """The ids ``activity_events`` finds events of in ``contexts``, sorted: the activities and gateways
-    the events name, and the actor of an event that names no activity (an actor of an activity's events,
-    ``cli`` sending a message, is no id to look for: nothing would be found by it)."""
+    the events name, and the actor of an event that names no activity when it is one of ``elements``
+    (the process's BPMN ids: an activity's closing events are its own; ``engine``, ``person``, ``api``
+    or ``input`` are who acted, no activity to look for)."""
+    known = set(elements)
     ids: set[str] = set()
     for ctx in contexts:
         for e in ctx.tape:
@@ -1749,11 +1765,26 @@ def activity_ids(contexts: Iterable[LayeredContext]) -> list[str]:
                 ids.add(str(e.activity))
                 continue
             data = e.data or {}
-            ids.update(str(i) for i in (e.actor, data.get("gateway"), data.get("gateway_id"), data.get("task_id")) if i)
+            ids.update(str(i) for i in (data.get("gateway"), data.get("gateway_id"), data.get("task_id")) if i)
+            if e.actor and str(e.actor) in known:
+                ids.add(str(e.actor))
             confirmation = str(data.get("confirmation_id") or "")
             if "/" in confirmation:
                 ids.add(confirmation.split("/", 1)[0])
     return sorted(ids)
+
+
+def no_activity(instance: Instance, names: Iterable[str], activity: str) -> tuple[str, list[str]] | None:
+    """What a tape filter by ``activity`` that found nothing says (``layerflow tape`` on stderr, the
+    REST tape's ``note``) when no event on the tapes of contexts ``names`` is of it: the nearest ids
+    and all of them; None when the id is there (it has no event matching the other filters)."""
+    ids = activity_ids((instance.contexts[n] for n in names), instance.process.element_ids())
+    if activity in ids:
+        return None
+    near = difflib.get_close_matches(activity, ids, n=3)
+    hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+    return (f"no event of activity {activity!r} here; {hint}activities and gateways on this tape: "
+            f"{', '.join(ids) or 'none'}"), ids
 
 
 _ABSENT = object()

@@ -98,6 +98,16 @@ def lease_store(engine_store: Any) -> Store | None:
     return store if isinstance(store, Store) else None
 
 
+def held_by(engine_store: Any, instance_id: str, status: str) -> str | None:
+    """Who runs the instance right now (holds its lease), or None. Not only a ``running`` one: a worker
+    that fires a waiting instance's due timer, or a resume with answers, holds it while the store still
+    says ``waiting`` (or ``error``, a failed activity retried) until its first save."""
+    leases = lease_store(engine_store)
+    if leases is None or status in ("completed", "cancelled"):
+        return None
+    return leases.lease_owner(instance_id)
+
+
 @contextlib.contextmanager
 def holding(engine_store: Any, instance_id: str, owner: str, *, ttl: float = LEASE_TTL,
             wait: float = 0.0) -> Iterator[str | None]:
