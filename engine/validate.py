@@ -55,6 +55,8 @@ not make ``report.ok`` false:
 ``branch_priority_unknown_id``        a ``branchPriority`` id that is no element of the process
 ``branch_priority_not_a_branch`` W    a ``branchPriority`` id that no split's outgoing flow leads to
                                       (the join never meets it among its branches)
+``branch_priority_unused`` W          a ``branchPriority`` with a ``mergeStrategy`` other than
+                                      ``BRANCH_PRIORITY``: no other strategy reads it
 ``join_config_on_non_join`` W         join settings (``mergeStrategy`` other than the default,
                                       ``branchPriority``, ``reducers``, ``conflictPolicy``) on a
                                       task, an event or a gateway that only splits: the engine
@@ -1594,6 +1596,15 @@ class _Validator:
                              "branches; list the ids of the branches' first elements, the targets of the split's "
                              f"outgoing flows{listed}", file=src.file, line=src.line_of("branchPriority", i),
                              element_id=src.element_id, field=f"branchPriority.{i}", severity="warning")
+            merged = self.merged.get(src.element_id, cfg)
+            if (cfg.branch_priority and cfg.branch_priority == merged.branch_priority
+                    and merged.merge_strategy != "BRANCH_PRIORITY"):
+                self.add("branch_priority_unused", f"branchPriority {list(cfg.branch_priority)} decides nothing: "
+                         f"only mergeStrategy BRANCH_PRIORITY reads it, and {src.element_id!r} merges with "
+                         f"{merged.merge_strategy}; write mergeStrategy: BRANCH_PRIORITY beside it to let the "
+                         "listed branches settle conflicts, or remove branchPriority", file=src.file,
+                         line=src.line_of("branchPriority"), element_id=src.element_id, field="branchPriority",
+                         severity="warning")
 
     def _check_injects(self, config: ProcessConfigFile | None) -> None:
         """A contextInject of a key the config fixes in SYSTEM (``system:``) is refused at the

@@ -186,6 +186,25 @@ def test_mistakes_are_named_by_validate(tmp_path: Path, edit: tuple[str, str, st
         assert part in out.output
 
 
+def test_branch_priority_without_its_strategy_is_warned(tmp_path: Path) -> None:
+    """``branchPriority`` alone decides nothing (only ``mergeStrategy: BRANCH_PRIORITY`` reads it): the
+    join put both conflicts to a person while ``validate`` called the process valid, no word of it."""
+    for f in HERE.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "underwriting.layerflow.yaml").write_text("join:\n  branchPriority: [compliance, pricing]\n")
+    out = CliRunner().invoke(main, ["validate", str(tmp_path / "underwriting.bpmn"), "--json"])
+    assert out.exit_code == 0, out.output
+    (problem,) = [p for p in json.loads(out.stdout)["problems"] if p["code"] == "branch_priority_unused"]
+    assert (problem["element_id"], problem["field"], problem["severity"]) == ("join", "branchPriority", "warning")
+    assert problem["file"].endswith("underwriting.layerflow.yaml")
+    assert "mergeStrategy: BRANCH_PRIORITY" in problem["message"]
+    # with the strategy named it decides, and validate is quiet about it
+    (tmp_path / "underwriting.layerflow.yaml").write_text(
+        "join:\n  mergeStrategy: BRANCH_PRIORITY\n  branchPriority: [compliance, pricing]\n")
+    out = CliRunner().invoke(main, ["validate", str(tmp_path / "underwriting.bpmn"), "--json"])
+    assert not [p for p in json.loads(out.stdout)["problems"] if p["code"] == "branch_priority_unused"]
+
+
 def test_a_dmn_input_naming_an_absent_key_names_task_and_key(store: str) -> None:
     doc = cli(store, "run", str(BPMN), "--data", '{"agee": 45, "sum_insured": 300000}', code=1)
     assert doc["error"]["kind"] == "activity_failed" and doc["error"]["task_id"] == "band"
