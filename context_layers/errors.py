@@ -72,6 +72,7 @@ class ContextWriteDenied(LayerflowError):
         self.reason = reason
         self.op = op  # "write" or "delete"
         self.context: str | None = None  # the context the write was meant for, when a caller knows it
+        self.task_id: str | None = None  # the element the write was for (a payload's catch event), when known
         where = f"{effective}" if effective == requested else f"{effective} (requested {requested}, auto-promoted)"
         what = f"delete of key {key!r} from" if op == "delete" else f"write of key {key!r} to"
         super().__init__(f"{what} {where} denied: {reason}")
@@ -107,6 +108,7 @@ class ContextWriteDenied(LayerflowError):
             "requested_layer": str(self.requested),
             "effective_layer": str(self.effective),
             "reason": self.reason,
+            **({"task_id": self.task_id} if self.task_id else {}),
         }
 
 

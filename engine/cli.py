@@ -1260,8 +1260,11 @@ def _governance_fail(err: LayerflowError, as_json: bool, prefix: str = "", insta
     code = EXIT_BAD_INPUT if err.kind in _BAD_INPUT_KINDS else EXIT_ERROR
     message = str(err)  # the service may name the operation itself ("rollback: context 'main' ...")
     message = message.replace("(`context`: ", "(`--context`: ")  # the service names the REST body's field
+    details = _named(instance) if instance is not None else {}
+    if getattr(err, "task_id", None):  # the element the refusal is about (a payload's catch event)
+        details["task_id"] = err.task_id  # type: ignore[attr-defined]
     _fail(message if prefix and message.startswith(prefix) else f"{prefix}{message}", code, as_json=as_json,
-          kind=err.kind, details=_named(instance) if instance is not None else None)
+          kind=err.kind, details=details or None)
 
 
 def _service(store: str | None, as_json: bool) -> Any:

@@ -369,6 +369,20 @@ def _check_output_mappings(c: Catch, ctx: LayeredContext, values: Mapping[str, A
                                      "waits for it") from None
 
 
+def _refused_at(err: ContextWriteDenied, c: Catch, kind: str, name: str) -> ContextWriteDenied:
+    """A payload key the layer rules refuse, named with the catch event it was for (its
+    ``task_id``) and what the sender can do: the write rule's own advice is an activity's."""
+    refused = ContextWriteDenied(err.key, err.requested, err.effective,
+                                 f"{err.reason}; the payload of {kind} {name!r} goes to the context of catch "
+                                 f"event {c.event_id!r}: send the payload without {err.key!r}, or name one "
+                                 "variable for the whole payload in the BPMN (spiffworkflow:messageVariable, "
+                                 "or a signal's variableName); nothing was delivered, the instance still waits "
+                                 "for it", op=err.op)
+    refused.context = err.context
+    refused.task_id = c.event_id
+    return refused
+
+
 def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: str, payload: Any, *,
             kind: str, actor: str, instance_id: str, waiting_for: Sequence[Mapping[str, Any]]) -> list[Catch]:
     """Deliver a message or signal: check everything, let SpiffWorkflow catch the event, then
@@ -441,12 +455,15 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
                 why = f"{ENGINE_KEY_RULE}; a payload carries data keys only"
                 ctx.record("event_refused", actor=actor, data={"event": name, "event_kind": kind,
                                                                "caught_at": c.event_id, "key": key, "reason": why})
-                raise ContextWriteDenied(key, Layer.WORKING, held if held is not None and held < Layer.WORKING
-                                         else Layer.WORKING, why)
+                raise _refused_at(ContextWriteDenied(key, Layer.WORKING, held if held is not None and
+                                                     held < Layer.WORKING else Layer.WORKING, why), c, kind, name)
         writes.append((c, ctx, values))
     for c, ctx, values in writes:
         if any(ctx.check_write(Layer.WORKING, key)[1] is not None for key in values):
-            ctx.write_many(Layer.WORKING, values, actor=actor)  # raises ContextWriteDenied: nothing is written
+            try:
+                ctx.write_many(Layer.WORKING, values, actor=actor)  # denied: on the tape, nothing written
+            except ContextWriteDenied as err:
+                raise _refused_at(err, c, kind, name) from None
         _check_output_mappings(c, ctx, values, actor)
 
     for ctx, multi in interrupted:  # as SpiffWorkflow will cancel the activity: closed, its writes undone

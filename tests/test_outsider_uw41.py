@@ -132,8 +132,30 @@ def test_declined_through_the_error_boundary(store: str, tmp_path: Path) -> None
 def test_a_payload_changing_a_process_key_is_refused_whole(store: str, tmp_path: Path) -> None:
     iid = walk_to_the_message(store, tmp_path, {"accept": True})
     doc = cli(store, "send", iid, "medical_report", "--json-payload", '{"bmi": 24, "age": 30}', code=2)
-    assert doc["error"]["kind"] == "permission_denied" and "'age'" in doc["error"]["message"]
+    error = doc["error"]
+    assert error["kind"] == "permission_denied" and "'age'" in error["message"]
+    # the refusal names the catch event the payload was for, and what the sender can do
+    assert error["task_id"] == "await_report" and "catch event 'await_report'" in error["message"]
+    assert "send the payload without 'age'" in error["message"]
+    assert doc["waiting_for"][0]["task_id"] == "await_report"
     assert "bmi" not in cli(store, "inspect", iid)["layers"]["L4"]
+    denied = cli(store, "tape", iid, "--kind", "denied")
+    assert [e["data"]["key"] for e in denied] == ["age"]
+
+
+def test_rest_names_the_catch_event_of_a_refused_payload(store: str, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from engine.api import create_app
+
+    iid = walk_to_the_message(store, tmp_path, {"accept": True})
+    with TestClient(create_app(store, token="uw41"), headers={"Authorization": "Bearer uw41"}) as client:
+        r = client.post(f"/api/instances/{iid}/events", json={"name": "medical_report", "payload": {"age": 30}})
+        assert r.status_code == 403, r.text
+        error = r.json()["error"]
+        assert (error["kind"], error["key"], error["task_id"]) == ("permission_denied", "age", "await_report")
+        r = client.post(f"/api/instances/{iid}/events", json={"name": "medical_report", "payload": {"smoker": False}})
+        assert r.status_code == 200 and r.json()["status"] == "completed", r.text
 
 
 def test_replay_until_rebuilds_the_band_before_the_split(store: str) -> None:
