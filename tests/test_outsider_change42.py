@@ -309,3 +309,16 @@ def test_rest_gives_the_same_conflicts_history_and_replay(tmp_path: Path, run: d
         assert r.status_code == 200, r.text
         keys = [k["key"] for k in r.json()["layers"]["L3"]["keys"]]
         assert keys == list(doc["layers"]["L3"])
+
+
+def test_rollback_to_each_snapshot_of_main_gives_what_replay_rebuilds_at_it(store: str) -> None:
+    """Two ways to the same past: a snapshot the engine took, and the tape replayed up to it."""
+    doc = cli(store, "run", str(BPMN), "--data", json.dumps({**BAD, "window_hours": 4}), code=3)
+    iid = doc["instance_id"]
+    cli(store, "resume", iid, "--answer", "sec_signoff=" + json.dumps(SEC), code=0)
+    snaps = [s for s in cli(store, "snapshot", iid, "--list")["snapshots"] if s["context"] == "main"]
+    assert len(snaps) >= 4
+    for snap in snaps:
+        then = cli(store, "replay", iid, "--until", str(snap["seq"]))["layers"]
+        back = cli(store, "rollback", iid, "--snapshot", snap["snapshot_id"])
+        assert back["layers"] == then, snap
