@@ -322,3 +322,15 @@ def test_rollback_to_each_snapshot_of_main_gives_what_replay_rebuilds_at_it(stor
         then = cli(store, "replay", iid, "--until", str(snap["seq"]))["layers"]
         back = cli(store, "rollback", iid, "--snapshot", snap["snapshot_id"])
         assert back["layers"] == then, snap
+
+
+def test_a_misspelt_set_key_is_named_with_the_key_it_likely_meant(store: str) -> None:
+    """``--set window_hour=5`` (for window_hours) wrote a new key and retried: the script failed again
+    with its own error and nothing said the fix had gone elsewhere. A new key close to one the context
+    holds is named now, with the likely one; the write itself stands (a new key may be the fix)."""
+    iid = cli(store, "run", str(BPMN), "--data", json.dumps(BAD), code=1)["instance_id"]
+    out = CliRunner().invoke(main, ["resume", iid, "--set", "window_hour=5", "--store", store, "--json"])
+    assert out.exit_code == 1
+    assert "--set window_hour" in out.stderr and "did you mean 'window_hours' (L3)" in out.stderr, out.stderr
+    out = CliRunner().invoke(main, ["resume", iid, "--set", "window_hours=5", "--store", store, "--json"])
+    assert out.exit_code == 3 and "did you mean" not in out.stderr
