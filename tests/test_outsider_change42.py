@@ -12,16 +12,10 @@ reported and settled by the strategy. Checked through the CLI (in this process),
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +26,6 @@ import local_http
 from context_layers import LayeredContext
 from engine.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent / "outsider_change42"
 BPMN = HERE / "change42.bpmn"
 TOKEN = "change42-token"
@@ -251,37 +244,11 @@ def test_plausible_mistakes_are_refused_naming_what_is_wrong(store: str, args: t
     assert again["layers"] == doc["layers"]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def serving(catalog: Path, store_file: Path) -> Iterator[str]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "LAYERFLOW_STORE"}
-    env.update(PYTHONPATH=str(ROOT), LAYERFLOW_API_TOKEN=TOKEN)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--catalog", str(catalog), "--store", f"sqlite:///{store_file}"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if "Uvicorn running on" in line or "Application startup complete" in line:
-                break
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
 def test_rest_gives_the_same_conflicts_history_and_replay(tmp_path: Path, run: dict[str, Any]) -> None:
     catalog = tmp_path / "catalog"
     shutil.copytree(HERE, catalog)
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    with serving(catalog, tmp_path / "served.db") as base:
+    with local_http.serving(catalog, tmp_path / "served.db", TOKEN) as base:
         r = local_http.post(f"{base}/api/instances", headers=auth,
                             json={"process_id": "change42", "data": BAD})
         assert r.status_code in (200, 201, 422, 500) and r.json()["status"] == "error", r.text
