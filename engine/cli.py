@@ -1041,6 +1041,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                             message = str(err).replace("(`context`: ", "(`--context`: ")
                             _fail(message, as_json=as_json, kind=err.kind, details=_named(instance))
                         target = ctx.name
+                    hints = Engine.new_key_hints(instance, values, context=target)
                     try:
                         engine.inject(instance, values, context=target, actor="operator")
                     except LayerflowError as err:
@@ -1052,6 +1053,8 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                                     f"{instance.id} --reason ...` and start a new instance with the corrected --data")
                         _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
                               details={"instance_id": instance.id, "key": getattr(err, "key", None)})
+                    for line in hints:  # the write stands: a new key may be the fix
+                        out.info(f"layerflow: --set {line}")
                 _unknown_user_tasks(instance, answers_file, answers, answer, as_json)
                 _user_task_answers_are_objects(instance.process, answer, as_json)
                 given = _answer_keys(instance, answers, answer)

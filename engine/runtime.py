@@ -847,6 +847,24 @@ class Engine:
         self._save(instance)
         return instance
 
+    @staticmethod
+    def new_key_hints(instance: Instance, keys: Iterable[str], *, context: str | None = None) -> list[str]:
+        """For each of ``keys`` that no layer of the context ``inject`` would write holds yet, but that
+        is close to a data key it does hold (``window_hour`` beside ``window_hours``): a line naming
+        both, as a misspelt fix writes a new key and the retried step fails as before."""
+        name = context or _runtime_of(instance).failed_context_name() or MAIN
+        ctx = instance.contexts.get(name)
+        if ctx is None:
+            return []
+        held = {key: layer for layer in reversed(Layer) for key in ctx.layer(layer) if not is_engine_key(key)}
+        hints = []
+        for key in keys:
+            close = [] if key in held else difflib.get_close_matches(key, list(held), n=1, cutoff=0.8)
+            if close:
+                hints.append(f"{key}: no layer of context {name!r} held this key, so a new one was written; "
+                             f"did you mean {close[0]!r} ({held[close[0]]})?")
+        return hints
+
     def load(self, instance_id: str) -> Instance:
         """Load a saved instance (for ``resume``, ``inspect``, another process)."""
         return from_record(self, self.store.load(instance_id))

@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
@@ -718,12 +715,6 @@ def test_render_json_keeps_hostile_values_as_strings() -> None:
 TOKEN = "claims-team-token"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[httpx.Client]:
     catalog = tmp_path / "catalog"
@@ -736,28 +727,10 @@ def server(tmp_path: Path) -> Iterator[httpx.Client]:
 def serving(catalog: Path, store_file: Path) -> Iterator[httpx.Client]:
     """A real `layerflow serve` of `catalog` on a free port (store: the sqlite `store_file`), and a client
     that sends its token."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "LAYERFLOW_STORE"}
-    env.update(PYTHONPATH=str(ROOT), LAYERFLOW_API_TOKEN=TOKEN)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--catalog", str(catalog), "--store", f"sqlite:///{store_file}"],
-        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stderr is not None
-        seen = []
-        for line in process.stderr:  # uvicorn says when it listens
-            seen.append(line)
-            if "Uvicorn running on" in line or "Application startup complete" in line:
-                break
-        else:
-            raise AssertionError("serve ended: " + "".join(seen))
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+    with local_http.serving(catalog, store_file, TOKEN) as base_url:
+        with httpx.Client(base_url=base_url, timeout=60,
                           headers={"Authorization": f"Bearer {TOKEN}"}) as client:
             yield client
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def find_field(document: Any, name: str) -> Any:
