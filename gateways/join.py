@@ -918,7 +918,8 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
     the join would silently give the first branch's value. Such a key is compared as a read
     sees it: each branch's value is the one its first layer holding the key gives. Two
     branches with different values make a conflict in the lowest layer involved, whose
-    resolution a read then sees; the key's other layers keep their merged values. A key with
+    resolution a read then sees; the key's other layers keep their merged values, but for WORKING,
+    which drops it (it would move over the resolution when the next activity completes). A key with
     a conflict within one layer already is left to it, reducer keys (``skip``) to their reducer."""
     layers_of: dict[str, list[Layer]] = {}
     for layer in MERGED_LAYERS:
@@ -942,6 +943,11 @@ def _conflicts_across_layers(outcomes: dict[Layer, list[KeyOutcome]], base: Snap
         if len({value_key(v) for v in results.values()}) < 2:
             continue
         lowest = layers[0]
+        if lowest != Layer.WORKING and Layer.WORKING in layers:
+            # the resolution in the lowest layer stands for the key: a branch's value left in
+            # WORKING would move over it into HISTORY when the next activity completes
+            outcomes[Layer.WORKING] = [replace(o, value=DELETED, conflict=None) if o.key == key else o
+                                       for o in outcomes[Layer.WORKING]]
         if within:
             # a conflict in the lowest layer already: it names every branch a read would see
             # changed (one that deleted the key from WORKING, beside writes moved into HISTORY)
