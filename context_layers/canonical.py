@@ -342,6 +342,9 @@ class Memo(dict[K, V], Generic[K, V]):
 # few of them: what it saves is for the values of the instance running now (the text of an equal value
 # of another instance is found by the memories keyed by text).
 _TEXTS_BY_ID: "Memo[int, tuple[Any, str]]" = Memo(1 << 12, chars=MEMO_CHARS // 8)
+# a long value's text is not kept: walking it again costs little beside what reads it (tokens,
+# shingles), and the memories that key by text hold their own bounded copy of it
+_TEXT_MEMO_MAX = 1 << 14
 
 
 def canonical_text(value: Any) -> str:
@@ -353,9 +356,9 @@ def canonical_text(value: Any) -> str:
     if hit is not None and hit[0] is value:
         return hit[1]
     text = canonical_json(value)
-    # charged for the text and for the value it holds (about as large): a memory of long values
-    # stays within its bound whichever of the memories below also holds them
-    _TEXTS_BY_ID.put(id(value), (value, text), chars=2 * len(text))
+    if len(text) <= _TEXT_MEMO_MAX:
+        # charged for the text and for the value it holds (about as large)
+        _TEXTS_BY_ID.put(id(value), (value, text), chars=2 * len(text))
     return text
 
 

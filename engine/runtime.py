@@ -1402,12 +1402,18 @@ def passed_user_tasks(instance: Instance, keys: Iterable[str]) -> dict[str, str]
     return {key: done[key] for key in keys if key in done and key not in waiting}
 
 
+def _waiting_steps(instance: Instance) -> str:
+    """The steps ``instance`` waits at, as a notice names them: the BPMN ids of its tasks, the ids of its
+    confirmations."""
+    return ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
+                             for w in instance.waiting_for})) or "nothing"
+
+
 def passed_answer_notices(instance: Instance, passed: Mapping[str, str]) -> list[str]:
     """A notice for each answer of ``passed`` (``passed_user_tasks``) that the run did not use, as
     ``unused_confirmation_notices`` names a confirmation answer's: the CLI's stderr, REST's ``notices``.
     One whose task came back and waits again (a loop, left waiting by ``_answer_from``) has its notice."""
-    steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
-                              for w in instance.waiting_for})) or "nothing"
+    steps = _waiting_steps(instance)
     again = {str(w[k]) for w in instance.waiting_for if w["kind"] == "user_task" for k in ("id", "task_id")}
     return [f"answer {key!r} was not used: user task {task!r} of instance {instance.id} is done (it waits for: "
             f"{steps}); an answer is used only by the run or resume in which its step waits"
@@ -1455,8 +1461,7 @@ def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] |
                            + f"; it was not used (the instance waits for: {waiting})")
         elif context_key and instance.status in ("waiting", "running"):
             # a join of the process that may still ask (``check_confirmation_keys`` refused the rest)
-            steps = ", ".join(sorted({str(w["task_id"] if w["kind"] != "confirmation" else w["id"])
-                                      for w in instance.waiting_for})) or "nothing"
+            steps = _waiting_steps(instance)
             notices.append(f"answer {key!r} matches no confirmation of instance {instance.id} yet and was not used: "
                            f"join {gateway!r} has not been reached (it waits at: {steps}); an answer is used only by "
                            f"the run or resume it is given to: give it again to the `layerflow resume` that reaches the join "

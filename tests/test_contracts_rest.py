@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -71,6 +72,28 @@ def serving(folder: Path, catalog: Path, token: str = TOKEN, *, store: str | Non
             proc.wait(timeout=5)
         if log is not None:
             errors.close()  # type: ignore[union-attr]
+
+
+LOAN_FILES = ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py")
+
+
+def example_catalog(folder: Path, *names: str) -> Path:
+    """``folder/catalog`` holding the loan example (process, config, handlers, knowledge documents)
+    and the other ``bpmn_examples`` files ``names``."""
+    catalog = folder / "catalog"
+    catalog.mkdir()
+    for name in (*LOAN_FILES, *names):
+        shutil.copy(ROOT / "bpmn_examples" / name, catalog / name)
+    shutil.copytree(ROOT / "bpmn_examples" / "knowledge", catalog / "knowledge")
+    return catalog
+
+
+def openapi_document(url: str) -> dict[str, Any]:
+    """The server's ``/openapi.json``."""
+    r = local_http.get(f"{url}/openapi.json", timeout=30)
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    return doc
 
 
 @pytest.fixture(scope="module")

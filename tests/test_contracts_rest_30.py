@@ -16,7 +16,6 @@ round 30), against a real ``layerflow serve`` on the loan example of ``bpmn_exam
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ import jsonschema
 import local_http
 import pytest
 
-from test_contracts_rest import AUTH, serving
+from test_contracts_rest import AUTH, example_catalog, openapi_document, serving
 
 pytestmark = pytest.mark.slow
 
@@ -39,19 +38,12 @@ QUESTION = "review_join/approval_status"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("rest30")
-    catalog = folder / "catalog"
-    catalog.mkdir()
-    for name in ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py", "message_wait.bpmn",
-                 "timer_boundary.bpmn"):
-        shutil.copy(ROOT / "bpmn_examples" / name, catalog / name)
-    shutil.copytree(ROOT / "bpmn_examples" / "knowledge", catalog / "knowledge")
-    yield from serving(folder, catalog)
+    yield from serving(folder, example_catalog(folder, "message_wait.bpmn", "timer_boundary.bpmn"))
 
 
 @pytest.fixture(scope="module")
 def openapi(server: str) -> dict[str, Any]:
-    doc: dict[str, Any] = local_http.get(f"{server}/openapi.json", timeout=30).json()
-    return doc
+    return openapi_document(server)
 
 
 def _call(server: str, method: str, path: str, body: Any = None, **kwargs: Any) -> httpx.Response:

@@ -8,15 +8,13 @@ round 31), against a real ``layerflow serve`` on the loan example of ``bpmn_exam
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import local_http
 import pytest
 
-from test_contracts_rest import serving
+from test_contracts_rest import example_catalog, openapi_document, serving
 from test_contracts_rest_30 import GOV, LOAN, _call, _check
 
 pytestmark = pytest.mark.slow
@@ -28,18 +26,12 @@ SNAP = "<the compression's snapshot>"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("rest31")
-    catalog = folder / "catalog"
-    catalog.mkdir()
-    for name in ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py"):
-        shutil.copy(ROOT / "bpmn_examples" / name, catalog / name)
-    shutil.copytree(ROOT / "bpmn_examples" / "knowledge", catalog / "knowledge")
-    yield from serving(folder, catalog)
+    yield from serving(folder, example_catalog(folder))
 
 
 @pytest.fixture(scope="module")
 def openapi(server: str) -> dict[str, Any]:
-    doc: dict[str, Any] = local_http.get(f"{server}/openapi.json", timeout=30).json()
-    return doc
+    return openapi_document(server)
 
 
 ROUTES = [
@@ -151,10 +143,7 @@ def test_a_body_over_the_limit_is_refused_and_nothing_is_written(server: str, op
 
 def test_the_limit_is_raised_by_the_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            openapi: dict[str, Any]) -> None:
-    catalog = tmp_path / "catalog"
-    catalog.mkdir()
-    for name in ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py"):
-        shutil.copy(ROOT / "bpmn_examples" / name, catalog / name)
+    catalog = example_catalog(tmp_path)
     monkeypatch.setenv("LAYERFLOW_MAX_BODY_BYTES", str(3 * 1024 * 1024))
     for url in serving(tmp_path, catalog):
         iid = _call(url, "POST", "/api/instances", {"process_id": "loan_approval", "data": LOAN}).json()["instance_id"]

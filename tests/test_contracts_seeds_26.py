@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from context_layers import ActivityExtensionConfig, Layer, LayeredContext, RuleD
 from engine import Engine, load_process
 from gateways import ContextSplitter
 from test_contracts_design import CONFLICTING, process, script, write_bpmn
-from test_contracts_rest import serving
+from test_contracts_rest import example_catalog, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "seeds-26-token"
@@ -250,19 +249,10 @@ def test_the_rendered_prefix_changes_only_at_a_cliff(tmp_path: Path) -> None:
 # =============================================================================== interfaces: REST
 
 
-def _catalog(folder: Path) -> Path:
-    catalog = folder / "catalog"
-    catalog.mkdir()
-    for name in ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py"):
-        shutil.copy(ROOT / "bpmn_examples" / name, catalog / name)
-    shutil.copytree(ROOT / "bpmn_examples" / "knowledge", catalog / "knowledge")
-    return catalog
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("seeds26")
-    yield from serving(folder, _catalog(folder), TOKEN)
+    yield from serving(folder, example_catalog(folder), TOKEN)
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:

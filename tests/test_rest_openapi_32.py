@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ import jsonschema
 import local_http
 import pytest
 
-from test_contracts_rest import AUTH, serving
+from test_contracts_rest import AUTH, example_catalog, openapi_document, serving
 
 pytestmark = pytest.mark.slow
 
@@ -69,19 +68,14 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(folder: Path) -> Iterator[str]:
-    catalog = folder / "catalog"
-    catalog.mkdir()
-    for name in ("loan_approval.bpmn", "loan_approval.layerflow.yaml", "loan_handlers.py"):
-        shutil.copy(ROOT / "bpmn_examples" / name, catalog / name)
-    shutil.copytree(ROOT / "bpmn_examples" / "knowledge", catalog / "knowledge")
+    catalog = example_catalog(folder)
     (catalog / "release_review.bpmn").write_text(REVIEW)
     yield from serving(folder, catalog)
 
 
 @pytest.fixture(scope="module")
 def openapi(server: str) -> dict[str, Any]:
-    doc: dict[str, Any] = local_http.get(f"{server}/openapi.json", timeout=30).json()
-    return doc
+    return openapi_document(server)
 
 
 class Client:

@@ -25,8 +25,7 @@ from context_layers.tokens import count_text, count_value
 
 TEXT_CHARS = 250_000   # one long value: a model's answer, a document
 FED = 40               # distinct ones: 10 M characters in all
-HELD_BYTES = 8 << 20   # what any one memory may keep of them (its bound is 4 M characters), plus the
-                       # canonical texts a keyed-by-text memory reads (canonical_text: at most ~1 M more)
+HELD_BYTES = 7 << 20   # what any one memory may keep of them (its bound is 4 M characters)
 
 
 def _long(i: int) -> str:
