@@ -344,8 +344,10 @@
     $("decision-alert-text").textContent = open.length === 1
       ? "Waiting for a decision: " + (open[0].key ? open[0].key + " at " + (open[0].gateway_id || open[0].task_id) : open[0].id) + "."
       : open.length + " decisions are waiting.";
-    // keep what someone is typing: drafts survive a refresh
+    // keep what someone is typing: drafts survive a refresh, and so does the focus on a decision
     for (const area of list.querySelectorAll("textarea")) state.drafts[area.dataset.id] = area.value;
+    const active = document.activeElement;
+    const focusedId = active && list.contains(active) && active.matches("textarea") ? active.dataset.id : null;
     clear(list);
     card.hidden = !open.length;
     open.forEach((c, n) => {
@@ -371,6 +373,7 @@
            c.default !== undefined && c.default !== null ? " \u00b7 on timeout: " + preview(c.default, 60) : ""),
         el("label", { for: reasonId }, "Reason (recorded on the tape)"),
         reason, error, options));
+      if (c.id === focusedId) reason.focus();
     });
   }
 
