@@ -1583,6 +1583,8 @@ class _Validator:
                              line=src.line_of("branches", i, "id"), element_id=src.element_id,
                              field=f"branches.{i}.id")
             for i, bid in enumerate(cfg.branch_priority):
+                if _instance_id_of(bid, node) is not None:
+                    continue  # an instance of this parallel multi-instance scope (``ACTIVITY#N``)
                 if bid not in self.nodes:
                     self.add("branch_priority_unknown_id", f"branchPriority names {bid!r}, which is no element of "
                              f"the process{_did_you_mean(bid, sorted(self.nodes))}; list the ids of the branches' "
@@ -1738,6 +1740,8 @@ class _Validator:
             if node is None or (node.tag.endswith("Gateway") and not (
                     len(_incoming(node.element)) <= 1 < len(_outgoing(node.element)))):
                 continue
+            if _parallel_multi_scope(node):
+                continue  # its instances merge as a join's branches do (ScopeSteps._merge_instance)
             cfg = src.config
             fields = [name for name, value in (
                 ("mergeStrategy", cfg.merge_strategy != "MERGE_WITH_CONFLICT_DETECT"),
@@ -4956,6 +4960,24 @@ def _scope_index(scope: Any) -> tuple[dict[str, Any], dict[str, list[Any]], dict
             by_source.setdefault(el.get("sourceRef"), []).append(el)
             by_target.setdefault(el.get("targetRef"), []).append(el)
     return by_id, by_source, by_target
+
+
+def _parallel_multi_scope(node: Any) -> bool:
+    """A sub-process or call activity whose instances run in parallel, each in a scope of its own:
+    what they change meets at its end as a join's branches do, by its own join settings."""
+    if node.tag not in ("subProcess", "callActivity", "transaction"):
+        return False
+    loop = next((c for c in node.element if isinstance(c.tag, str)
+                 and c.tag.endswith("}multiInstanceLoopCharacteristics")), None)
+    return loop is not None and loop.get("isSequential", "false").strip().lower() != "true"
+
+
+def _instance_id_of(bid: str, node: Any) -> int | None:
+    """N of ``ACTIVITY#N`` when ``bid`` names an instance of ``node``, a parallel multi-instance scope."""
+    head, sep, number = bid.rpartition("#")
+    if not sep or head != node.id or not number.isdigit() or not _parallel_multi_scope(node):
+        return None
+    return int(number)
 
 
 def _incoming(node: Any) -> list[Any]:

@@ -1,0 +1,115 @@
+"""Gaps closed in session 35.
+
+* The parallel instances of a multi-instance sub-process or call activity each run in a scope
+  of their own, forked from the activity's context: they are parallel branches, and what two of
+  them write to the same key meets as at a join (three-way, the activity's own join settings
+  resolve it), never last-writer-wins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Engine, load_process
+
+from engine_helpers import chain_bpmn, script_task, variables
+
+
+def _mi(kind: str, *, sequential: bool = False, body: str = "") -> str:
+    """A multi-instance ``kind`` (subProcess / callActivity) over ``numbers``, no output collection."""
+    loop = (f'<bpmn:multiInstanceLoopCharacteristics isSequential="{str(sequential).lower()}">'
+            '<bpmn:loopDataInputRef>numbers</bpmn:loopDataInputRef>'
+            '<bpmn:inputDataItem id="number" name="number"/></bpmn:multiInstanceLoopCharacteristics>')
+    if kind == "callActivity":
+        return f'<bpmn:callActivity id="each" calledElement="judge_one">{loop}</bpmn:callActivity>'
+    return (f'<bpmn:subProcess id="each">{loop}<bpmn:startEvent id="in_start"/>{body}<bpmn:endEvent id="in_end"/>'
+            '<bpmn:sequenceFlow id="in1" sourceRef="in_start" targetRef="judge"/>'
+            '<bpmn:sequenceFlow id="in2" sourceRef="judge" targetRef="in_end"/></bpmn:subProcess>')
+
+
+JUDGE = "verdict = 'v%d' % number\ntotal = total + number\nsame = 'x'"
+
+
+def _process(tmp_path: Path, kind: str, *, sequential: bool = False, config: str | None = None,
+             judge: str = JUDGE) -> list[Path]:
+    init = script_task("init", "numbers = [1, 2, 3]\nverdict = 'none'\ntotal = 0")
+    paths = [tmp_path / "mi.bpmn"]
+    paths[0].write_text(chain_bpmn("mi", [init, _mi(kind, sequential=sequential, body=script_task("judge", judge))]),
+                        encoding="utf-8")
+    if kind == "callActivity":
+        called = tmp_path / "judge_one.bpmn"
+        called.write_text(chain_bpmn("judge_one", [script_task("judge", judge)]), encoding="utf-8")
+        paths.append(called)
+    if config is not None:
+        (tmp_path / "mi.layerflow.yaml").write_text(config, encoding="utf-8")
+    return paths
+
+
+def _run(paths: list[Path]) -> Any:
+    engine = Engine()
+    return engine.run(engine.start(load_process(paths)))
+
+
+KINDS = ["subProcess", "callActivity"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parallel_instances_writing_one_key_differently_are_a_conflict_not_the_last_writer(
+        tmp_path: Path, kind: str) -> None:
+    inst = _run(_process(tmp_path, kind))
+    # before: completed with verdict 'v3' and total 3, the other instances' writes silently lost
+    assert inst.status == "error", variables(inst.main)
+    assert inst.error["kind"] == "merge_conflict" and inst.error["task_id"] == "each"
+    message = inst.error["message"]
+    for part in ("multi-instance activity 'each'", "'verdict'", "each#1", "each#2", "'v1'", "'v2'",
+                 "mergeStrategy", "reducers", "conflictPolicy", "loopDataOutputRef"):
+        assert part in message, (part, message)
+    assert "'same'" not in message  # written alike by every instance: no conflict
+    assert inst.main.current_activity is None and inst.main.resolve("verdict") == "none"  # init's, untouched
+    assert [c["key"] for c in inst.conflicts] and {c["key"] for c in inst.conflicts} <= {"verdict", "total"}
+    assert all(c["gateway_id"] == "each" and c["resolution"] is None for c in inst.conflicts)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_activitys_join_settings_resolve_its_instances_conflicts(tmp_path: Path, kind: str) -> None:
+    config = ("each:\n  mergeStrategy: BRANCH_PRIORITY\n  branchPriority: ['each#2', 'each#1', 'each#3']\n"
+              "  reducers: {total: sum}\n")
+    inst = _run(_process(tmp_path, kind, config=config))
+    assert inst.status == "completed", inst.error
+    got = variables(inst.main)
+    assert got["verdict"] == "v2" and got["total"] == 6 and got["same"] == "x"
+    records = [c for c in inst.conflicts if c["key"] == "verdict"]
+    assert records and all(c["gateway_id"] == "each" and c["resolution"]["resolver"] == "strategy" for c in records)
+    assert {"each#1", "each#2"} <= {b for c in records for b in c["values"]}
+    assert "total" not in {c["key"] for c in inst.conflicts}  # the reducer combined them
+    log = inst.main.resolve("_mergedConflicts")
+    assert [e["key"] for e in log] == [c["key"] for c in records]
+    notes = [e.data for e in inst.main.tape if e.data.get("note") == "conflict"]
+    assert notes and all(n["gateway_id"] == "each" and n["key"] == "verdict" for n in notes)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_last_writer_wins_is_a_choice_the_activity_states(tmp_path: Path, kind: str) -> None:
+    inst = _run(_process(tmp_path, kind, config="each:\n  mergeStrategy: LAST_WRITER_WINS\n"))
+    assert inst.status == "completed", inst.error
+    assert variables(inst.main)["verdict"] == "v3"
+    assert {c["key"] for c in inst.conflicts} == {"verdict", "total"}
+    assert all(c["resolution"]["resolver"] == "strategy" for c in inst.conflicts)
+
+
+def test_sequential_instances_each_see_the_one_before_and_never_conflict(tmp_path: Path) -> None:
+    inst = _run(_process(tmp_path, "subProcess", sequential=True))
+    assert inst.status == "completed", inst.error
+    got = variables(inst.main)
+    assert got["verdict"] == "v3" and got["total"] == 6 and inst.conflicts == []
+
+
+def test_join_settings_on_a_parallel_multi_instance_scope_are_no_validate_warning(tmp_path: Path) -> None:
+    from engine.validate import validate_process
+
+    paths = _process(tmp_path, "subProcess", config="each:\n  mergeStrategy: LAST_WRITER_WINS\n")
+    codes = [p.code for p in validate_process(paths).problems]
+    assert "join_config_on_non_join" not in codes
