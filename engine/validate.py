@@ -60,7 +60,8 @@ not make ``report.ok`` false:
 ``join_config_on_non_join`` W         join settings (``mergeStrategy`` other than the default,
                                       ``branchPriority``, ``reducers``, ``conflictPolicy``) on a
                                       task, an event or a gateway that only splits: the engine
-                                      reads them at a join only
+                                      reads them at a join only (and on a parallel multi-instance
+                                      sub-process or call activity, whose instances meet as branches)
 ``scope_config_not_read`` W           compression settings (without a pre- or postScript) or ``knowledgeConfig``
                                       on a sub-process or call activity: its steps follow their own configs
 ``config_id_mismatch`` W              ``activityId`` / ``gatewayId`` inside a config names another
