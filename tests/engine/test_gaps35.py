@@ -113,3 +113,39 @@ def test_join_settings_on_a_parallel_multi_instance_scope_are_no_validate_warnin
     paths = _process(tmp_path, "subProcess", config="each:\n  mergeStrategy: LAST_WRITER_WINS\n")
     codes = [p.code for p in validate_process(paths).problems]
     assert "join_config_on_non_join" not in codes
+
+
+# ----- count_only that would cost more than it saves ---------------------------------------------
+
+def test_a_count_only_rule_that_makes_no_counter_says_why_and_what_took_its_entries() -> None:
+    """DESIGN: a rule never makes HISTORY bigger, so a counter that costs more tokens than the entries
+    it replaces is not made; the cliff then folds those entries with the rest. That is another
+    strategy than the config asked for: the rule's report, the result's notes and the compress event
+    on the tape say so (before: ``"entries": 0`` and nothing else)."""
+    from context_layers import Layer, LayeredContext, config_from_dict
+    from context_layers.compression import RuleDrivenCompressor
+
+    ctx = LayeredContext()
+
+    def activity(task: str, writes: dict[str, Any]) -> None:
+        ctx.begin_activity(task)
+        for k, v in writes.items():
+            ctx.write(Layer.WORKING, k, v, actor=task)
+        ctx.complete_activity(task)
+
+    for i in range(6):
+        activity(f"step{i}", {f"note{i}": " ".join(f"n{i} observed item {j}: checked." for j in range(12))})
+    activity("pinger", {f"ping:{i}": i for i in range(4)})
+    activity("step6", {"note6": "the last step's note"})
+    cfg = config_from_dict({"compressRules": [{"pattern": "ping:*", "action": "count_only", "keepLast": 1}],
+                            "compressTokenThreshold": 50})
+    result = RuleDrivenCompressor().compress(ctx, cfg)
+    [rule] = result.rules
+    assert rule["entries"] == 0
+    declined = rule["declined"]
+    assert declined["entries"] == 3 and declined["counter_tokens"] > declined["entries_tokens"]
+    assert "count_only" in declined["reason"] and "'ping:*'" in declined["reason"]
+    assert "ping:0" in result.folded  # the cliff took them instead
+    assert any("count_only rule 'ping:*' made no counter" in n and "folded" in n for n in result.notes)
+    [event] = [e for e in ctx.tape if e.data.get("note") == "compress"]
+    assert event.data["rules_declined"] == [{"pattern": "ping:*", "action": "count_only", **declined}]
