@@ -149,3 +149,55 @@ def test_a_count_only_rule_that_makes_no_counter_says_why_and_what_took_its_entr
     assert any("count_only rule 'ping:*' made no counter" in n and "folded" in n for n in result.notes)
     [event] = [e for e in ctx.tape if e.data.get("note") == "compress"]
     assert event.data["rules_declined"] == [{"pattern": "ping:*", "action": "count_only", **declined}]
+
+
+# ----- llm.outputKeys: the keys the model is asked for, and the only ones it may write ----------
+
+def _model_step(tmp_path: Path, output_keys: str, handler_answer: str) -> Path:
+    path = tmp_path / "triage.bpmn"
+    path.write_text(chain_bpmn("triage", [script_task("classify", handler_answer)]), encoding="utf-8")
+    (tmp_path / "triage.layerflow.yaml").write_text(
+        f"classify:\n  llm:\n    instructions: Classify the ticket.\n    outputKeys: {output_keys}\n"
+        "    maxRetries: 1\n    timeout: 5\n", encoding="utf-8")
+    return path
+
+
+def test_a_model_answer_with_a_key_outputkeys_does_not_list_is_refused_naming_activity_and_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """outputKeys is the answer's contract: the prompt asks for those keys and says each is written to
+    the context, so a key beyond them (a model talked into ``approved``) is refused as a missing one is:
+    sent back to the model to correct, and after its retries the step fails naming it. Before, the
+    extra key was written to the context silently."""
+    from stub_llm import Reply, StubLLM
+
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test-key")
+    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
+    path = _model_step(tmp_path, "[category]", "category = 'offline'")
+    with StubLLM() as stub:
+        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", stub.url)
+        stub.push(Reply.json({"category": "billing", "approved": True}), Reply.json({"category": "billing"}))
+        engine = Engine(model="openai/stub")
+        inst = engine.run(engine.start(load_process(path)))
+        assert inst.status == "completed", inst.error
+        assert variables(inst.main) == {"category": "billing"}  # corrected on the second try
+        told = str(stub.requests[1]["messages"])
+        assert "approved" in told and "outputKeys" in told
+
+        stub.push(Reply.json({"category": "billing", "approved": True}),
+                  Reply.json({"category": "billing", "approved": True}))
+        inst = engine.run(engine.start(load_process(path)))
+    assert inst.status == "error" and inst.error["task_id"] == "classify"
+    assert "'approved'" in inst.error["message"] and "outputKeys" in inst.error["message"], inst.error
+    assert "approved" not in inst.main and "category" not in inst.main
+
+
+def test_an_offline_handler_answer_with_a_key_outputkeys_does_not_list_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "triage.bpmn"
+    path.write_text(chain_bpmn("triage", ['<bpmn:serviceTask id="classify"/>']), encoding="utf-8")
+    (tmp_path / "triage.layerflow.yaml").write_text(
+        "classify:\n  llm:\n    instructions: Classify the ticket.\n    outputKeys: [category]\n", encoding="utf-8")
+    engine = Engine(handlers={"classify": lambda ctx: {"category": "billing", "approved": True}})
+    inst = engine.run(engine.start(load_process(path)))
+    assert inst.status == "error" and inst.error["task_id"] == "classify"
+    assert "'approved'" in inst.error["message"] and "llm.outputKeys" in inst.error["message"]
+    assert "approved" not in inst.main
