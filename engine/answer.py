@@ -1,7 +1,7 @@
 """A model's JSON answer: parse it, check it against the activity's contract.
 
-The contract is either a JSON Schema (``outputSchema``) or a list of keys (``outputKeys``):
-the answer's keys, each required and no other allowed (the prompt asks for exactly those). The validator covers the part of JSON Schema an activity answer
+The contract is either a JSON Schema (``outputSchema``) or a list of required keys
+(``outputKeys``). The validator covers the part of JSON Schema an activity answer
 needs (``type``, ``required``, ``properties``, ``additionalProperties``, ``items``,
 ``enum``, ``const``, ``minimum``/``maximum``, ``minLength``/``maxLength``,
 ``minItems``/``maxItems``, ``anyOf``); unknown keywords are ignored, as the spec says.
@@ -160,12 +160,6 @@ def answer_problems(data: Mapping[str, Any], *, schema: Mapping[str, Any] | None
     problems = validate_schema(data, schema) if schema else []
     problems += [f"/: missing required key {k!r}" for k in keys if k not in data
                  and f"/: missing required key {k!r}" not in problems]
-    if keys:
-        # the keys asked for are the answer's keys, all of them and only them: each is written to the
-        # context, so a key beyond them (one the text it read talked the model into) is refused too
-        listed = ", ".join(json.dumps(k) for k in keys)
-        problems += [f"/: key {k!r} is not one of outputKeys ({listed}); answer with those keys only"
-                     for k in data if isinstance(k, str) and k and k not in keys]
     empty = [k for k in data if not isinstance(k, str) or not k]
     if empty:
         problems.append("/: keys must be non-empty strings")
@@ -200,7 +194,7 @@ def answer_contract(schema: Mapping[str, Any] | None, keys: Sequence[str]) -> st
                 f"{body}. Each top-level key of your answer is written to the process context.")
     if keys:
         return ("Answer with exactly one JSON object and nothing else, with the keys "
-                f"{', '.join(json.dumps(k) for k in keys)} and no other. "
+                f"{', '.join(json.dumps(k) for k in keys)}. "
                 "Each top-level key of your answer is written to the process context.")
     return ("Answer with exactly one JSON object and nothing else. "
             "Each top-level key of your answer is written to the process context.")

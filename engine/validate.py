@@ -102,6 +102,8 @@ not make ``report.ok`` false:
                                       retrieval expression, a message's ``spiffworkflow:messagePayload``, an
                                       event's ``payloadExpression``) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
+``policy_key_never_written`` W        a join's ``conflictPolicy`` rule or ranking for a key nothing in the
+                                      process writes (a misspelt key: the nearest known one is named)
 ``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
                                       policy can evaluate (a syntax error, a call or name outside the safe
                                       subset): the join would stop the instance with it
@@ -635,6 +637,7 @@ class _Validator:
         self._check_injects(config)
         self._check_model_limits(config)
         self._check_policy_rules()
+        self._check_policy_keys(config)
         self._check_confirm_defaults()
         self._check_join_fields()
         self._check_scope_fields()
@@ -2567,18 +2570,24 @@ class _Validator:
         elements, the config files, the DMN files and the files the BPMN names beside it (forms);
         not the conditions that read names, nor documentation. None (nothing is reported) when a
         handler or a model with no output keys writes keys not known here."""
-        if self._setters is not None:
-            return self._setters or None
+        if self._setters is None:
+            text = self._setter_text(configs=True)
+            self._setters = text if text is not None else ""
+        return self._setters or None
+
+    def _setter_text(self, *, configs: bool) -> str | None:
+        """``_condition_names_set``'s text, with the config files' text or without it (None: a handler,
+        a model with no output keys or a formless task writes keys not known here)."""
         if any(src.config.handler or (src.config.llm is not None and not src.config.llm.output_keys
                                       and not src.config.llm.output_schema) for src in self.sources) \
                 or any(_formless_task(el) for doc in self.docs if doc.root is not None
                        for tag in ("userTask", "manualTask") for el in doc.root.iter(_bpmn(tag))):
-            self._setters = ""  # a person's answer to a task with no form: any key
-            return None
+            return None  # a person's answer to a task with no form: any key
         reads = {"conditionExpression", "condition", "completionCondition", "loopCardinality", "loopCondition",
                  "documentation", "text"}
         parts: list[str] = []
-        files: set[Path] = {*self._config_paths, *(f.path for f in self.dmn_files if getattr(f, "path", None))}
+        files: set[Path] = {*(self._config_paths if configs else ()),
+                            *(f.path for f in self.dmn_files if getattr(f, "path", None))}
         for doc in self.docs:
             if doc.root is None:
                 continue
@@ -2600,8 +2609,52 @@ class _Validator:
                 parts.append(Path(path).read_text(errors="replace"))
             except OSError:
                 continue
-        self._setters = "\n".join(parts) or " "
-        return self._setters
+        return "\n".join(parts) or " "
+
+    def _check_policy_keys(self, config: ProcessConfigFile | None) -> None:
+        """A join's ``conflictPolicy`` rule (or ranking) for a key nothing in the process writes never
+        applies: most likely a misspelt key. Only a warning: the key may come from outside (the start
+        data, a message's payload, an inject). What writes keys here: the BPMN's scripts, forms, mappings
+        and decisions (``_setter_text`` without the config files, which name the rule's key themselves),
+        and of the configs the models' outputKeys and outputSchema properties, contextInject, SYSTEM and
+        the data layers' keys. Nothing is reported when a handler writes keys not known here."""
+        if not any(src.config.conflict_policy is not None for src in self.sources):
+            return
+        text = self._setter_text(configs=False)
+        if text is None:
+            return
+        known: set[str] = set(config.system) | set(config.data_layers) if config is not None else set()
+        for src in self.sources:
+            cfg = src.config
+            if cfg.llm is not None:
+                known.update(cfg.llm.output_keys)
+                props = (cfg.llm.output_schema or {}).get("properties")
+                known.update(props if isinstance(props, Mapping) else ())
+            for branch in cfg.branches:
+                known.update(branch.context_inject)
+        words = set(re.findall(r"[A-Za-z_][\w.-]*", text)) | known
+
+        def written(key: str) -> bool:
+            return key in known or re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", text) is not None
+
+        for src in self.sources:
+            policy = src.config.conflict_policy
+            if policy is None:
+                continue
+            found = [(f"rule {i}", ("conflictPolicy", "rules", i, "key"), rule.key)
+                     for i, rule in enumerate(policy.rules)]
+            found += [(f"ranking {key!r}", ("conflictPolicy", "rankings", key), key) for key in policy.rankings]
+            for what, path, key in found:
+                if written(key) or key.startswith("_"):
+                    continue
+                self.add("policy_key_never_written",
+                         f"conflictPolicy {what} of join {src.element_id!r} is for key {key!r}, which nothing in the "
+                         "process writes (no script, form field, data mapping, decision, model outputKeys or "
+                         f"contextInject names it){_did_you_mean(key, words - {key})}: it settles a conflict on "
+                         f"{key!r} only, and none can arise unless {key!r} comes from outside (the start data, "
+                         "--data, a message's payload); check its spelling", file=src.file,
+                         line=src.line_of(*path), element_id=src.element_id, field=".".join(map(str, path)),
+                         severity="warning")
 
     def _called_elsewhere(self, call: Any) -> str:
         """Where another modeler names the process a call activity without calledElement calls, and

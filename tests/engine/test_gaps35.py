@@ -151,53 +151,99 @@ def test_a_count_only_rule_that_makes_no_counter_says_why_and_what_took_its_entr
     assert event.data["rules_declined"] == [{"pattern": "ping:*", "action": "count_only", **declined}]
 
 
-# ----- llm.outputKeys: the keys the model is asked for, and the only ones it may write ----------
+# ----- llm.outputKeys: the keys an answer must have; an outputSchema restricts the others ----------
 
-def _model_step(tmp_path: Path, output_keys: str, handler_answer: str) -> Path:
-    path = tmp_path / "triage.bpmn"
-    path.write_text(chain_bpmn("triage", [script_task("classify", handler_answer)]), encoding="utf-8")
-    (tmp_path / "triage.layerflow.yaml").write_text(
-        f"classify:\n  llm:\n    instructions: Classify the ticket.\n    outputKeys: {output_keys}\n"
-        "    maxRetries: 1\n    timeout: 5\n", encoding="utf-8")
+def _scripted(*answers: dict[str, Any]) -> tuple[list[Any], Any]:
+    import json
+
+    sent: list[Any] = []
+    replies = iter(answers)
+
+    def completion(**kw: Any) -> dict[str, Any]:
+        sent.append(kw["messages"])
+        return {"choices": [{"message": {"content": json.dumps(next(replies))}, "finish_reason": "stop"}],
+                "usage": {"total_tokens": 3}}
+    return sent, completion
+
+
+def test_outputkeys_are_required_and_an_outputschema_without_additional_properties_is_the_allow_list() -> None:
+    """DESIGN and the seeds say nothing of outputKeys; the contract since the first model step is a
+    list of required keys, other keys being the model's data under the layer rules (README). An
+    activity that must take only some keys says so with an outputSchema: an extra key is sent back
+    to the model, and after its retries the step fails naming the activity and the key."""
+    from context_layers import LayeredContext
+    from context_layers.config import LLMConfig
+    from context_layers.errors import ModelError
+    from engine.llm import RetryPolicy, run_llm_activity
+
+    ctx = LayeredContext()
+    ctx.begin_activity("classify")
+    _, fake = _scripted({"category": "billing", "reason": "an invoice"})
+    keys = LLMConfig(model="m", instructions="Classify the ticket.", output_keys=["category"], max_retries=0)
+    assert run_llm_activity(ctx, "classify", keys, completion=fake)["reason"] == "an invoice"
+
+    only = LLMConfig(model="m", instructions="Classify the ticket.", max_retries=1, output_schema={
+        "type": "object", "required": ["category"], "properties": {"category": {"type": "string"}},
+        "additionalProperties": False})
+    ctx = LayeredContext()
+    ctx.begin_activity("classify")
+    sent, fake = _scripted({"category": "billing", "approved": True}, {"category": "billing", "approved": True})
+    with pytest.raises(ModelError) as failed:
+        run_llm_activity(ctx, "classify", only, completion=fake, sleep=lambda s: None, retry=RetryPolicy(base=0))
+    assert "'approved'" in str(sent[1][-1])  # the model was told what to correct
+    assert "'classify'" in str(failed.value) and "unexpected key 'approved'" in str(failed.value)
+    assert "approved" not in ctx and "category" not in ctx
+
+
+# ----- validate: a conflictPolicy key that nothing writes -----------------------------------------
+
+def _review(tmp_path: Path, policy: str) -> Path:
+    from engine_helpers import flow, write_elements
+
+    path = write_elements(tmp_path, "review", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="fork"/>',
+        script_task("finance", "approval_status = 'approved'"), script_task("risk", "approval_status = 'rejected'"),
+        '<bpmn:parallelGateway id="review_join"/>', '<bpmn:endEvent id="end"/>',
+        flow("start", "fork"), flow("fork", "finance"), flow("fork", "risk"), flow("finance", "review_join"),
+        flow("risk", "review_join"), flow("review_join", "end")])
+    (tmp_path / "review.layerflow.yaml").write_text(f"review_join:\n  conflictPolicy:\n{policy}", encoding="utf-8")
     return path
 
 
-def test_a_model_answer_with_a_key_outputkeys_does_not_list_is_refused_naming_activity_and_key(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """outputKeys is the answer's contract: the prompt asks for those keys and says each is written to
-    the context, so a key beyond them (a model talked into ``approved``) is refused as a missing one is:
-    sent back to the model to correct, and after its retries the step fails naming it. Before, the
-    extra key was written to the context silently."""
-    from stub_llm import Reply, StubLLM
-
-    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test-key")
-    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
-    path = _model_step(tmp_path, "[category]", "category = 'offline'")
-    with StubLLM() as stub:
-        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", stub.url)
-        stub.push(Reply.json({"category": "billing", "approved": True}), Reply.json({"category": "billing"}))
-        engine = Engine(model="openai/stub")
-        inst = engine.run(engine.start(load_process(path)))
-        assert inst.status == "completed", inst.error
-        assert variables(inst.main) == {"category": "billing"}  # corrected on the second try
-        told = str(stub.requests[1]["messages"])
-        assert "approved" in told and "outputKeys" in told
-
-        stub.push(Reply.json({"category": "billing", "approved": True}),
-                  Reply.json({"category": "billing", "approved": True}))
-        inst = engine.run(engine.start(load_process(path)))
-    assert inst.status == "error" and inst.error["task_id"] == "classify"
-    assert "'approved'" in inst.error["message"] and "outputKeys" in inst.error["message"], inst.error
-    assert "approved" not in inst.main and "category" not in inst.main
+MISSPELT_RULE = "    rules:\n      - key: aproval_status\n        value: pending\n"
 
 
-def test_an_offline_handler_answer_with_a_key_outputkeys_does_not_list_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "triage.bpmn"
-    path.write_text(chain_bpmn("triage", ['<bpmn:serviceTask id="classify"/>']), encoding="utf-8")
-    (tmp_path / "triage.layerflow.yaml").write_text(
-        "classify:\n  llm:\n    instructions: Classify the ticket.\n    outputKeys: [category]\n", encoding="utf-8")
-    engine = Engine(handlers={"classify": lambda ctx: {"category": "billing", "approved": True}})
-    inst = engine.run(engine.start(load_process(path)))
-    assert inst.status == "error" and inst.error["task_id"] == "classify"
-    assert "'approved'" in inst.error["message"] and "llm.outputKeys" in inst.error["message"]
-    assert "approved" not in inst.main
+def test_a_misspelt_policy_rule_key_is_a_warning_naming_file_line_join_rule_and_the_likely_key(
+        tmp_path: Path) -> None:
+    from engine.validate import validate_process
+
+    path = _review(tmp_path, MISSPELT_RULE)
+    report = validate_process(path)
+    assert report.ok  # a warning: the key may come with the start data
+    [problem] = [p for p in report.problems if p.code == "policy_key_never_written"]
+    assert problem.severity == "warning" and problem.element_id == "review_join"
+    assert problem.file == str(tmp_path / "review.layerflow.yaml") and problem.line == 4
+    assert problem.field == "conflictPolicy.rules.0.key"
+    for part in ("rule 0", "'aproval_status'", "did you mean 'approval_status'", "--data"):
+        assert part in problem.message, (part, problem.message)
+    # the run is not stopped by it
+    engine = Engine()
+    assert engine.run(engine.start(load_process(path))).status == "waiting"
+
+
+@pytest.mark.parametrize("policy", [
+    "    rules:\n      - key: approval_status\n        value: pending\n",
+    "    rankings: {approval_status: [rejected, approved]}\n",
+], ids=["rule", "ranking"])
+def test_a_policy_key_the_process_writes_is_no_warning(tmp_path: Path, policy: str) -> None:
+    from engine.validate import validate_process
+
+    assert "policy_key_never_written" not in [p.code for p in validate_process(_review(tmp_path, policy)).problems]
+
+
+def test_a_misspelt_ranking_key_is_named_too(tmp_path: Path) -> None:
+    from engine.validate import validate_process
+
+    path = _review(tmp_path, "    rankings: {approval_stauts: [rejected, approved]}\n")
+    [problem] = [p for p in validate_process(path).problems if p.code == "policy_key_never_written"]
+    assert problem.field == "conflictPolicy.rankings.approval_stauts" and "'approval_status'" in problem.message
