@@ -462,6 +462,7 @@ class ScopeSteps:
                     index = task.internal_data.get("key_or_index", task.internal_data.get("item"))
                     err = no_output_item(mspec.bpmn_id, index, mspec.output_item)
                     self.abort_multi(multi, err)  # as when an instance's script fails
+                    task._set_state(TaskState.ERROR)  # so a resume runs the activity again (reset_failed)
                     raise err
                 else:
                     task.data = {out: thaw(value)}
@@ -476,6 +477,7 @@ class ScopeSteps:
                     self._merge_instance(multi, parent, str(info["branch_id"]), base, changed)
                 except MergeConflictError as err:
                     self.abort_multi(multi, err)
+                    task._set_state(TaskState.ERROR)  # so a resume runs the activity again (reset_failed)
                     raise
                 task.data = {}
         else:
@@ -579,7 +581,10 @@ class ScopeSteps:
                     "values": {b: jsonable(v) for b, v in c.conflicting_values.items()},
                     "resolution": None if r is None else r.to_dict(),
                     **({"base_absent": True} if c.base_value is DELETED else {})} for c, r in pairs]
-        self.instance.conflicts.extend({**r, "context": parent.name} for r in records)
+        # as a join reports them: a report of an earlier run of the activity (it failed on them, and
+        # runs again) is replaced, not listed beside the new one
+        self._set_conflicts(bpmn_id, records, resolved=all(r["resolution"] is not None for r in records),
+                            context=parent.name)
         settled = [r for r in records if r["resolution"] is not None]
         if settled:
             target = Layer.HISTORY if MERGED_CONFLICTS_KEY in parent.layer(Layer.HISTORY) else Layer.WORKING

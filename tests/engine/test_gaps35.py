@@ -100,6 +100,46 @@ def test_last_writer_wins_is_a_choice_the_activity_states(tmp_path: Path, kind: 
     assert all(c["resolution"]["resolver"] == "strategy" for c in inst.conflicts)
 
 
+def test_a_strategy_given_at_run_time_settles_the_failed_activity_which_runs_again(tmp_path: Path) -> None:
+    from engine.governance import ConfigArgs, GovernanceService
+
+    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
+    inst = engine.run(engine.start(load_process(_process(tmp_path, "subProcess"))))
+    assert inst.status == "error" and inst.error["kind"] == "merge_conflict"
+    GovernanceService(engine).config(inst.id, ConfigArgs(activity_id="each", config={
+        "mergeStrategy": "LAST_WRITER_WINS", "reducers": {"total": "sum"}}))
+    inst = engine.resume(engine.load(inst.id))
+    assert inst.status == "completed", inst.error
+    assert variables(inst.main)["total"] == 6
+    # the failed run's unresolved reports are replaced by the settled ones, not listed beside them
+    assert [c["key"] for c in inst.conflicts] == ["verdict", "verdict"]
+    assert all(c["resolution"] is not None for c in inst.conflicts)
+
+
+def test_an_instance_that_set_no_output_item_is_run_again_by_resume_once_fixed(tmp_path: Path) -> None:
+    """An instance's failure found as its sub-process ends (no output item; a conflict above) left no
+    task in error: resume failed with "TypeError: 'NoneType' object does not support item assignment"."""
+    from engine.governance import GovernanceService, InjectArgs
+
+    loop = ('<bpmn:multiInstanceLoopCharacteristics isSequential="false">'
+            '<bpmn:loopDataInputRef>numbers</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>outs</bpmn:loopDataOutputRef>'
+            '<bpmn:inputDataItem id="number" name="number"/><bpmn:outputDataItem id="result" name="result"/>'
+            '</bpmn:multiInstanceLoopCharacteristics>')
+    sub = (f'<bpmn:subProcess id="each">{loop}<bpmn:startEvent id="in_start"/>'
+           + script_task("judge", "if number != 2 or fixed: result = number") + '<bpmn:endEvent id="in_end"/>'
+           '<bpmn:sequenceFlow id="in1" sourceRef="in_start" targetRef="judge"/>'
+           '<bpmn:sequenceFlow id="in2" sourceRef="judge" targetRef="in_end"/></bpmn:subProcess>')
+    path = tmp_path / "mi.bpmn"
+    path.write_text(chain_bpmn("mi", [script_task("init", "numbers = [1, 2, 3]\nfixed = False"), sub]), encoding="utf-8")
+    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
+    inst = engine.run(engine.start(load_process(path)))
+    assert inst.status == "error" and "set no output item 'result'" in inst.error["message"]
+    GovernanceService(engine).inject(inst.id, InjectArgs(layer="L4", key="fixed", value=True))
+    inst = engine.resume(engine.load(inst.id))
+    assert inst.status == "completed", inst.error
+    assert variables(inst.main)["outs"] == [1, 2, 3]
+
+
 def test_sequential_instances_each_see_the_one_before_and_never_conflict(tmp_path: Path) -> None:
     inst = _run(_process(tmp_path, "subProcess", sequential=True))
     assert inst.status == "completed", inst.error
