@@ -6,7 +6,6 @@ instance documents, confirmations, tapes and governance answers say ``instance_i
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import local_http
