@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -180,8 +180,9 @@ class ScopeSteps:
         def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
                   cfg: ActivityExtensionConfig | None, taken: list[Any], at: Snapshot | None = None) -> None: ...
         def _in_workflow(self, name: str, workflow: Any) -> bool: ...
+        @contextmanager
         def _noting_calls(self, client: Any, ctx: LayeredContext, element_id: str,
-                          purpose: str) -> AbstractContextManager[None]: ...
+                          purpose: str) -> Iterator[None]: ...
         def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool,
                            context: str, refire: bool = False) -> None: ...
 

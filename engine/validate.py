@@ -2641,8 +2641,8 @@ class _Validator:
             policy = src.config.conflict_policy
             if policy is None:
                 continue
-            found = [(f"rule {i}", ("conflictPolicy", "rules", i, "key"), rule.key)
-                     for i, rule in enumerate(policy.rules)]
+            found: list[tuple[str, tuple[str | int, ...], str]] = [
+                (f"rule {i}", ("conflictPolicy", "rules", i, "key"), rule.key) for i, rule in enumerate(policy.rules)]
             found += [(f"ranking {key!r}", ("conflictPolicy", "rankings", key), key) for key in policy.rankings]
             for what, path, key in found:
                 if written(key) or key.startswith("_"):
