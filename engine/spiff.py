@@ -133,10 +133,10 @@ from context_layers.canonical import fast_encode
 from context_layers.errors import ActivityError
 from gateways.conditions import python_source
 
-from . import call_mappings, deep_trees, dmn, inclusive_join, io_mappings, links, task_logging
+from . import call_mappings, deep_trees, dmn, inclusive_join, io_mappings, lean_spiff, links
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
-task_logging.install()  # a state change builds no log record nobody reads (see engine.task_logging)
+lean_spiff.install()  # no per-task bookkeeping nobody reads (see engine.lean_spiff)
 
 __all__ = [
     "LAYERFLOW_NS",

@@ -1,0 +1,160 @@
+"""engine.lean_spiff: SpiffWorkflow's per-task chores without the work nobody reads.
+
+A task's state change builds no log record unless ``spiff.task`` emits it (and with the logger
+on, the records are SpiffWorkflow's own, one for one); the refresh of waiting tasks after every
+completed task visits the tasks ``TaskIterator`` visits, in its order, and runs end as with the
+stock method."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from SpiffWorkflow.task import Task
+from SpiffWorkflow.util.task import TaskIterator, TaskState
+from SpiffWorkflow.workflow import Workflow
+
+from engine import Engine, lean_spiff, load_process
+
+from engine_helpers import EXAMPLES, LOAN, LOAN_FULL, path_of, variables
+
+STOCK_SET_STATE = lean_spiff.STOCK[(Task, "_set_state")]
+STOCK_UPDATE = lean_spiff.STOCK[(Workflow, "update_waiting_tasks")]
+
+# examples with tasks that wait: joins (parallel, inclusive, nested, in a sub-process), a user task
+# beside a branch, a boundary timer, a call activity, multi-instance, a loop
+CASES: list[tuple[str, dict[str, Any], dict[str, dict[str, Any]]]] = [
+    ("nested_parallel", {}, {}),
+    ("inclusive_gateway", {"need_credit": True, "need_identity": False, "need_address": True}, {}),
+    ("parallel_user_task", {"title": "Q3 report"}, {"review": {"approved": True, "reviewer": "ann"}}),
+    ("timer_boundary", {}, {"approve": {"approved": False}}),
+    ("subprocess_parallel", {"amount": 120000}, {}),
+    ("call_activity", {"amount": 120000}, {}),
+    ("multi_instance_parallel", {}, {}),
+    ("xor_loop", {"batch_size": 4}, {}),
+]
+
+
+def _run(name: str, data: dict[str, Any], user_tasks: dict[str, dict[str, Any]]) -> Any:
+    path = LOAN if name == "loan_approval" else EXAMPLES / f"{name}.bpmn"
+    engine = Engine("memory://", save="stop")
+    instance = engine.run(engine.start(load_process(path), data), answers={"user_tasks": user_tasks})
+    assert instance.status == "completed", instance.error
+    return instance
+
+
+def test_the_twins_are_in_place_once_engine_is_imported() -> None:
+    assert Task._set_state is lean_spiff._set_state
+    assert Workflow.update_waiting_tasks is lean_spiff._update_waiting_tasks
+    lean_spiff.install()  # idempotent: what it keeps is what SpiffWorkflow defines
+    assert STOCK_SET_STATE.__module__ == "SpiffWorkflow.task"
+    assert STOCK_UPDATE.__module__ == "SpiffWorkflow.workflow"
+
+
+# ----- state changes and their log records ---------------------------------------------------------
+
+
+_RESTORE: list[tuple[logging.Logger, int]] = []
+
+
+@pytest.fixture(autouse=True)
+def _restore_levels() -> Any:
+    yield
+    while _RESTORE:
+        logger, was = _RESTORE.pop()
+        logger.setLevel(was)
+
+
+def _at_level(logger: logging.Logger, level: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``logger.setLevel(level)`` until the test ends (``setLevel``, not the attribute: it also
+    clears the loggers' cache of which levels are enabled)."""
+    monkeypatch.setattr(logger, "disabled", False)
+    _RESTORE.append((logger, logger.level))
+    logger.setLevel(level)
+
+
+def test_no_log_record_is_built_while_the_logger_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    stock_extras = Task.collect_log_extras
+
+    def counting(self: Task, dct: Any = None) -> dict[str, Any]:
+        built.append(self.task_spec.name)
+        return stock_extras(self, dct)
+
+    monkeypatch.setattr(Task, "collect_log_extras", counting)
+    _at_level(logging.getLogger("spiff.task"), logging.WARNING, monkeypatch)
+    _run("loan_approval", LOAN_FULL, {})
+    assert built == []
+
+
+def _records(set_state: Any, level: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[Any, ...]], Any]:
+    """The ``spiff.task`` records of a loan run with ``set_state`` as ``Task._set_state``, and the
+    instance (each record as what does not depend on time or ids)."""
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    logger = logging.getLogger("spiff.task")
+    handler = Keep(level)
+    monkeypatch.setattr(Task, "_set_state", set_state)
+    _at_level(logger, level, monkeypatch)
+    logger.addHandler(handler)
+    try:
+        instance = _run("loan_approval", LOAN_FULL, {})
+    finally:
+        logger.removeHandler(handler)
+    return [(r.levelno, r.getMessage(), r.task_spec, r.task_type, r.state, r.workflow_spec,  # type: ignore[attr-defined]
+             r.parent is None, "elapsed" in r.__dict__) for r in seen], instance  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("level", [logging.INFO, logging.DEBUG])
+def test_with_the_logger_on_the_records_are_spiffworkflows_own(level: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    stock, stock_instance = _records(STOCK_SET_STATE, level, monkeypatch)
+    twin, twin_instance = _records(lean_spiff._set_state, level, monkeypatch)
+    assert stock and any(r[1].startswith("State changed to") for r in stock)
+    assert twin == stock
+    # and the run itself is the same: every task ends in the same state, the contexts are equal
+    states = [(t.task_spec.name, TaskState.get_name(t.state)) for t in stock_instance.workflow.get_tasks()]
+    assert [(t.task_spec.name, TaskState.get_name(t.state)) for t in twin_instance.workflow.get_tasks()] == states
+    assert twin_instance.to_document()["layers"] == stock_instance.to_document()["layers"]
+
+
+# ----- the refresh of waiting tasks -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "data", "user_tasks"), [*CASES, ("loan_approval", LOAN_FULL, {})],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_the_walk_finds_the_waiting_tasks_the_iterator_finds(name: str, data: dict[str, Any],
+                                                            user_tasks: dict[str, dict[str, Any]],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """At every refresh of every workflow and sub-workflow: the same tasks, in the same order."""
+    compared: list[int] = []
+
+    def checked(self: Workflow) -> None:
+        expected = list(TaskIterator(self.task_tree, state=TaskState.WAITING))
+        assert list(lean_spiff.waiting_tasks(self.task_tree)) == expected
+        compared.append(len(expected))
+        lean_spiff._update_waiting_tasks(self)
+
+    monkeypatch.setattr(Workflow, "update_waiting_tasks", checked)
+    _run(name, data, user_tasks)
+    assert compared  # it ran
+    if name not in ("call_activity", "multi_instance_parallel", "xor_loop"):
+        assert any(compared)  # and found tasks waiting (a join, a user task beside a branch, a timer)
+
+
+@pytest.mark.parametrize(("name", "data", "user_tasks"), CASES, ids=lambda v: v if isinstance(v, str) else "")
+def test_a_run_takes_the_path_it_takes_with_the_stock_refresh(name: str, data: dict[str, Any],
+                                                             user_tasks: dict[str, dict[str, Any]],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The updates happen as the walk goes (a join that fires changes what comes after it)."""
+    twin = _run(name, data, user_tasks)
+    monkeypatch.setattr(Workflow, "update_waiting_tasks", STOCK_UPDATE)
+    stock = _run(name, data, user_tasks)
+    assert path_of(twin.workflow) == path_of(stock.workflow)
+    assert variables(twin.main) == variables(stock.main)
+    assert [(t.task_spec.name, t.state) for t in twin.workflow.get_tasks()] == \
+        [(t.task_spec.name, t.state) for t in stock.workflow.get_tasks()]
