@@ -8,6 +8,7 @@ stock method."""
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from engine_helpers import EXAMPLES, LOAN, LOAN_FULL, path_of, variables
 
 STOCK_SET_STATE = lean_spiff.STOCK[(Task, "_set_state")]
 STOCK_UPDATE = lean_spiff.STOCK[(Workflow, "update_waiting_tasks")]
+STOCK_MARK_COMPLETE = lean_spiff.STOCK[(Workflow, "_mark_complete")]
 
 # examples with tasks that wait: joins (parallel, inclusive, nested, in a sub-process), a user task
 # beside a branch, a boundary timer, a call activity, multi-instance, a loop
@@ -47,9 +49,10 @@ def _run(name: str, data: dict[str, Any], user_tasks: dict[str, dict[str, Any]])
 def test_the_twins_are_in_place_once_engine_is_imported() -> None:
     assert Task._set_state is lean_spiff._set_state
     assert Workflow.update_waiting_tasks is lean_spiff._update_waiting_tasks
+    assert Workflow._mark_complete is lean_spiff._mark_complete
     lean_spiff.install()  # idempotent: what it keeps is what SpiffWorkflow defines
     assert STOCK_SET_STATE.__module__ == "SpiffWorkflow.task"
-    assert STOCK_UPDATE.__module__ == "SpiffWorkflow.workflow"
+    assert STOCK_UPDATE.__module__ == STOCK_MARK_COMPLETE.__module__ == "SpiffWorkflow.workflow"
 
 
 # ----- state changes and their log records ---------------------------------------------------------
@@ -158,3 +161,48 @@ def test_a_run_takes_the_path_it_takes_with_the_stock_refresh(name: str, data: d
     assert variables(twin.main) == variables(stock.main)
     assert [(t.task_spec.name, t.state) for t in twin.workflow.get_tasks()] == \
         [(t.task_spec.name, t.state) for t in stock.workflow.get_tasks()]
+
+
+# ----- a workflow's completion and its log record -------------------------------------------------------
+
+
+def test_a_completion_lists_no_tasks_for_a_log_record_while_the_logger_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    callers: list[str] = []
+    stock_extras = Workflow.collect_log_extras
+
+    def noting(self: Workflow, dct: Any = None) -> dict[str, Any]:
+        callers.append(sys._getframe(1).f_code.co_name)
+        return stock_extras(self, dct)
+
+    monkeypatch.setattr(Workflow, "collect_log_extras", noting)
+    _at_level(logging.getLogger("spiff.workflow"), logging.WARNING, monkeypatch)
+    instance = _run("subprocess_parallel", {"amount": 120000}, {})
+    assert instance.workflow.completed and "_mark_complete" not in callers
+
+
+def _completion_records(mark_complete: Any, level: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, ...]]:
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    logger = logging.getLogger("spiff.workflow")
+    monkeypatch.setattr(Workflow, "_mark_complete", mark_complete)
+    _at_level(logger, level, monkeypatch)
+    handler = Keep(level)
+    logger.addHandler(handler)
+    try:
+        instance = _run("subprocess_parallel", {"amount": 120000}, {})
+    finally:
+        logger.removeHandler(handler)
+    assert instance.workflow.completed
+    return [(r.getMessage(), r.workflow_spec, r.success, r.completed, len(getattr(r, "tasks", ())))  # type: ignore[attr-defined]
+            for r in seen]
+
+
+@pytest.mark.parametrize("level", [logging.INFO, logging.DEBUG])
+def test_with_the_logger_on_a_completion_logs_what_spiffworkflow_logs(level: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    stock = _completion_records(STOCK_MARK_COMPLETE, level, monkeypatch)
+    assert [r[0] for r in stock].count("Workflow completed") == 2  # the process and its sub-process
+    assert _completion_records(lean_spiff._mark_complete, level, monkeypatch) == stock
