@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from SpiffWorkflow.bpmn.specs.mixins.parallel_gateway import ParallelGateway
 from SpiffWorkflow.task import Task
 from SpiffWorkflow.util.task import TaskIterator, TaskState
 from SpiffWorkflow.workflow import Workflow
 
-from engine import Engine, lean_spiff, load_process
+from engine import Engine, lean_spiff, load_process, spiff
 
-from engine_helpers import EXAMPLES, LOAN, LOAN_FULL, path_of, variables
+from engine_helpers import EXAMPLES, LOAN, LOAN_FULL, flow, path_of, script_task, variables, write_elements
 
 STOCK_SET_STATE = lean_spiff.STOCK[(Task, "_set_state")]
 STOCK_UPDATE = lean_spiff.STOCK[(Workflow, "update_waiting_tasks")]
@@ -206,3 +208,42 @@ def test_with_the_logger_on_a_completion_logs_what_spiffworkflow_logs(level: int
     stock = _completion_records(STOCK_MARK_COMPLETE, level, monkeypatch)
     assert [r[0] for r in stock].count("Workflow completed") == 2  # the process and its sub-process
     assert _completion_records(lean_spiff._mark_complete, level, monkeypatch) == stock
+
+
+# ----- a parallel join's check: the gateway's tasks found without the iterator -----------------------------
+
+LOOP_THROUGH_JOIN = [  # a loop back through a parallel split and join: each pass adds a pair of branches
+    '<bpmn:startEvent id="start"/>', script_task("init", "count = 0"), '<bpmn:parallelGateway id="split"/>',
+    script_task("a", "count = count + 1"), script_task("b", "seen = count"), '<bpmn:parallelGateway id="join"/>',
+    '<bpmn:exclusiveGateway id="more" default="more_to_end"/>', '<bpmn:endEvent id="end"/>',
+    flow("start", "init"), flow("init", "split"), flow("split", "a"), flow("split", "b"), flow("a", "join"),
+    flow("b", "join"), flow("join", "more"), flow("more", "split", "count < 4"), flow("more", "end")]
+
+
+@pytest.mark.parametrize("name", ["loan_approval", "nested_parallel", "parallel_scripts", "parallel_user_task",
+                                  "subprocess_parallel", "loop_through_join"])
+def test_a_parallel_join_decides_as_spiffworkflows_check(name: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At every check of every parallel join (a loop through one included): the answer of SpiffWorkflow's
+    own ``ParallelGateway._check_threshold_unstructured``."""
+    answers: list[bool] = []
+    fast = spiff._parallel_may_fire
+
+    def checked(spec: Any, my_task: Any) -> bool:
+        ours = fast(spec, my_task)
+        assert ours == ParallelGateway._check_threshold_unstructured(spec, my_task)
+        answers.append(ours)
+        return ours
+
+    monkeypatch.setattr(spiff, "_parallel_may_fire", checked)
+    if name == "loop_through_join":
+        path = write_elements(tmp_path, name, LOOP_THROUGH_JOIN)
+        engine = Engine("memory://", save="stop")
+        instance = engine.run(engine.start(load_process(path)))
+        assert instance.status == "completed", instance.error
+        assert instance.main.get("count") == 4
+    else:
+        data, user_tasks = next(((d, u) for n, d, u in CASES if n == name), (LOAN_FULL if name == "loan_approval" else {},
+                                                                                 {}))
+        _run(name, data, user_tasks)
+    assert True in answers and (name == "subprocess_parallel" or False in answers)  # it waited, then fired
