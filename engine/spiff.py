@@ -441,6 +441,8 @@ class _LayerflowSpecMixin:
                            my_task.workflow.get_tasks(state=TaskState.NOT_FINISHED_MASK, end_at_spec=my_task.task_spec.name))
         if isinstance(self, ParallelGateway):
             return _parallel_may_fire(self, my_task)
+        if isinstance(self, _EndJoin):
+            return _end_may_fire(self, my_task)
         return super()._check_threshold_unstructured(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
@@ -1605,6 +1607,20 @@ def _parallel_may_fire(spec: Any, my_task: Any) -> bool:
         elif task.parent.state == TaskState.COMPLETED and task.parent.task_spec in waiting_inputs:
             waiting_inputs.remove(task.parent.task_spec)
     return len(waiting_inputs) == 0
+
+
+def _end_may_fire(spec: Any, my_task: Any) -> bool:
+    """SpiffWorkflow's ``_EndJoin._check_threshold_unstructured``: whether no task but ``my_task`` is
+    unfinished (below the end's own tasks, the walk does not look), without ``TaskIterator``'s
+    bookkeeping (the end of a process and of each sub-process checks after every task that reaches it)."""
+    stack = [my_task.workflow.task_tree]
+    while stack:
+        task = stack.pop()
+        if task._state & TaskState.NOT_FINISHED_MASK and task.last_state_change >= 0 and task is not my_task:
+            return False
+        if task._children and task.state >= TaskState.MAYBE and task.task_spec.name != spec.name:
+            stack.extend(task.children)
+    return True
 
 
 def tasks_in_state(wf: Any, state: int = TaskState.ANY_MASK, spec_name: str | None = None) -> list[Any]:

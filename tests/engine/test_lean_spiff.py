@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from SpiffWorkflow.bpmn.specs.control import _EndJoin
 from SpiffWorkflow.bpmn.specs.mixins.parallel_gateway import ParallelGateway
 from SpiffWorkflow.task import Task
 from SpiffWorkflow.util.task import TaskIterator, TaskState
@@ -247,3 +248,38 @@ def test_a_parallel_join_decides_as_spiffworkflows_check(name: str, tmp_path: Pa
                                                                                  {}))
         _run(name, data, user_tasks)
     assert True in answers and (name == "subprocess_parallel" or False in answers)  # it waited, then fired
+
+
+TWO_ENDS = [  # two branches, each to an end event of its own: the first to end waits for the other
+    '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>', script_task("a", "x = 1"),
+    '<bpmn:endEvent id="end_a"/>', script_task("b1", "y = 1"), '<bpmn:userTask id="b2"/>', '<bpmn:endEvent id="end_b"/>',
+    flow("start", "split"), flow("split", "a"), flow("a", "end_a"), flow("split", "b1"), flow("b1", "b2"),
+    flow("b2", "end_b")]
+
+
+@pytest.mark.parametrize("name", ["loan_approval", "nested_parallel", "parallel_user_task", "subprocess_parallel",
+                                  "call_activity", "timer_boundary", "multi_instance_parallel", "xor_loop", "two_ends"])
+def test_an_end_decides_as_spiffworkflows_check(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At every check of the end of a process or sub-process: the answer of SpiffWorkflow's own
+    ``_EndJoin._check_threshold_unstructured``."""
+    answers: list[bool] = []
+    fast = spiff._end_may_fire
+
+    def checked(spec: Any, my_task: Any) -> bool:
+        ours = fast(spec, my_task)
+        assert ours == _EndJoin._check_threshold_unstructured(spec, my_task)
+        answers.append(ours)
+        return ours
+
+    monkeypatch.setattr(spiff, "_end_may_fire", checked)
+    if name == "two_ends":
+        engine = Engine("memory://", save="stop")
+        instance = engine.run(engine.start(load_process(write_elements(tmp_path, name, TWO_ENDS))),
+                              answers={"user_tasks": {"b2": {"z": 1}}})
+        assert instance.status == "completed", instance.error
+        assert False in answers and answers[-1] is True  # end_a waited for b2; the last check ended the process
+    else:
+        data, user_tasks = next(((d, u) for n, d, u in CASES if n == name),
+                                (LOAN_FULL if name == "loan_approval" else {}, {}))
+        _run(name, data, user_tasks)
+        assert True in answers
