@@ -213,6 +213,21 @@ def test_with_the_logger_on_a_completion_logs_what_spiffworkflow_logs(level: int
 
 # ----- a parallel join's check: the gateway's tasks found without the iterator -----------------------------
 
+def _checked(monkeypatch: pytest.MonkeyPatch, name: str, stock: Any) -> list[bool]:
+    """``spiff.<name>`` checked against SpiffWorkflow's ``stock`` check at every call; its answers."""
+    answers: list[bool] = []
+    fast = getattr(spiff, name)
+
+    def checked(spec: Any, my_task: Any) -> bool:
+        ours = fast(spec, my_task)
+        assert ours == stock(spec, my_task)
+        answers.append(ours)
+        return bool(ours)
+
+    monkeypatch.setattr(spiff, name, checked)
+    return answers
+
+
 LOOP_THROUGH_JOIN = [  # a loop back through a parallel split and join: each pass adds a pair of branches
     '<bpmn:startEvent id="start"/>', script_task("init", "count = 0"), '<bpmn:parallelGateway id="split"/>',
     script_task("a", "count = count + 1"), script_task("b", "seen = count"), '<bpmn:parallelGateway id="join"/>',
@@ -227,16 +242,7 @@ def test_a_parallel_join_decides_as_spiffworkflows_check(name: str, tmp_path: Pa
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """At every check of every parallel join (a loop through one included): the answer of SpiffWorkflow's
     own ``ParallelGateway._check_threshold_unstructured``."""
-    answers: list[bool] = []
-    fast = spiff._parallel_may_fire
-
-    def checked(spec: Any, my_task: Any) -> bool:
-        ours = fast(spec, my_task)
-        assert ours == ParallelGateway._check_threshold_unstructured(spec, my_task)
-        answers.append(ours)
-        return ours
-
-    monkeypatch.setattr(spiff, "_parallel_may_fire", checked)
+    answers = _checked(monkeypatch, "_parallel_may_fire", ParallelGateway._check_threshold_unstructured)
     if name == "loop_through_join":
         path = write_elements(tmp_path, name, LOOP_THROUGH_JOIN)
         engine = Engine("memory://", save="stop")
@@ -262,16 +268,7 @@ TWO_ENDS = [  # two branches, each to an end event of its own: the first to end 
 def test_an_end_decides_as_spiffworkflows_check(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """At every check of the end of a process or sub-process: the answer of SpiffWorkflow's own
     ``_EndJoin._check_threshold_unstructured``."""
-    answers: list[bool] = []
-    fast = spiff._end_may_fire
-
-    def checked(spec: Any, my_task: Any) -> bool:
-        ours = fast(spec, my_task)
-        assert ours == _EndJoin._check_threshold_unstructured(spec, my_task)
-        answers.append(ours)
-        return ours
-
-    monkeypatch.setattr(spiff, "_end_may_fire", checked)
+    answers = _checked(monkeypatch, "_end_may_fire", _EndJoin._check_threshold_unstructured)
     if name == "two_ends":
         engine = Engine("memory://", save="stop")
         instance = engine.run(engine.start(load_process(write_elements(tmp_path, name, TWO_ENDS))),
