@@ -97,6 +97,7 @@ from SpiffWorkflow.bpmn.specs.event_definitions.simple import (CancelEventDefini
                                                               TerminateEventDefinition)
 from SpiffWorkflow.bpmn.specs.mixins.exclusive_gateway import ExclusiveGateway
 from SpiffWorkflow.bpmn.specs.mixins.inclusive_gateway import InclusiveGateway
+from SpiffWorkflow.bpmn.specs.mixins.parallel_gateway import ParallelGateway
 from SpiffWorkflow.bpmn.specs.mixins.unstructured_join import UnstructuredJoin
 from SpiffWorkflow.bpmn.specs.event_definitions.item_aware_event import (CodeEventDefinition, ErrorEventDefinition,
                                                                     EscalationEventDefinition, ItemAwareEventDefinition,
@@ -133,9 +134,10 @@ from context_layers.canonical import fast_encode
 from context_layers.errors import ActivityError
 from gateways.conditions import python_source
 
-from . import call_mappings, deep_trees, dmn, inclusive_join, io_mappings, links
+from . import call_mappings, deep_trees, dmn, inclusive_join, io_mappings, lean_spiff, links
 
 deep_trees.lift()  # a loop runs as many passes as its condition says (see engine.deep_trees)
+lean_spiff.install()  # no per-task bookkeeping nobody reads (see engine.lean_spiff)
 
 __all__ = [
     "LAYERFLOW_NS",
@@ -437,6 +439,10 @@ class _LayerflowSpecMixin:
             # nothing else runs, the (sub-)process ends (and the end cancels it, ``_run_hook``)
             return not any(task is not my_task and not _below_listening(task, listening) for task in
                            my_task.workflow.get_tasks(state=TaskState.NOT_FINISHED_MASK, end_at_spec=my_task.task_spec.name))
+        if isinstance(self, ParallelGateway):
+            return _parallel_may_fire(self, my_task)
+        if isinstance(self, _EndJoin):
+            return _end_may_fire(self, my_task)
         return super()._check_threshold_unstructured(my_task)  # type: ignore[misc]
 
     def _run_hook(self, my_task: Any) -> Any:
@@ -1578,6 +1584,43 @@ def payload_variables(event_definition: Any) -> list[str]:
         name = getattr(event_definition, "message_var", None) or getattr(event_definition, "variable", None)
         return [name] if isinstance(name, str) and name else []
     return []
+
+
+def _parallel_may_fire(spec: Any, my_task: Any) -> bool:
+    """SpiffWorkflow's ``ParallelGateway._check_threshold_unstructured``: whether every incoming flow
+    of the join has a completed task, the gateway's tasks found by ``tasks_in_state`` (the tasks
+    ``workflow.get_tasks(spec_name=...)`` gives, in its order, without its iterator's bookkeeping:
+    a join checks after every task that reaches it) and ancestors traced without recursion."""
+    waiting_inputs = set(spec.inputs)
+    for task in tasks_in_state(my_task.workflow, TaskState.ANY_MASK, spec.name):
+        if task.is_descendant_of(my_task):
+            # the first pass of a loop: this task is reached only after the join completes, so the
+            # flow its nearest ancestor among the inputs comes by is not waited for
+            ancestor = task
+            while ancestor is not None:
+                if ancestor.task_spec in waiting_inputs:
+                    waiting_inputs.remove(ancestor.task_spec)
+                    break
+                ancestor = ancestor.parent
+        elif my_task.is_descendant_of(task):
+            continue  # a later pass: the parents of earlier passes do not count
+        elif task.parent.state == TaskState.COMPLETED and task.parent.task_spec in waiting_inputs:
+            waiting_inputs.remove(task.parent.task_spec)
+    return len(waiting_inputs) == 0
+
+
+def _end_may_fire(spec: Any, my_task: Any) -> bool:
+    """SpiffWorkflow's ``_EndJoin._check_threshold_unstructured``: whether no task but ``my_task`` is
+    unfinished (below the end's own tasks, the walk does not look), without ``TaskIterator``'s
+    bookkeeping (the end of a process and of each sub-process checks after every task that reaches it)."""
+    stack = [my_task.workflow.task_tree]
+    while stack:
+        task = stack.pop()
+        if task._state & TaskState.NOT_FINISHED_MASK and task.last_state_change >= 0 and task is not my_task:
+            return False
+        if task._children and task.state >= TaskState.MAYBE and task.task_spec.name != spec.name:
+            stack.extend(task.children)
+    return True
 
 
 def tasks_in_state(wf: Any, state: int = TaskState.ANY_MASK, spec_name: str | None = None) -> list[Any]:
