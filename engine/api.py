@@ -353,6 +353,7 @@ class InstanceView(InstanceDocument):
 
 class InstanceSummary(_Open):
     """One row of GET /api/instances, as `layerflow list --json` gives it."""
+    instance_id: str = Field(description="the instance's id, as `run --json` names it (the same as `id`)")
     id: str
     process_id: str
     status: Status

@@ -1483,6 +1483,26 @@ def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> l
     return [key for key in keys if key not in ids]
 
 
+def why_not_waiting(instance: Instance, task_id: str) -> str:
+    """Why ``instance`` cannot take a person's answer posted to ``task_id`` that it does not wait for
+    (``Engine.complete_user_task``, REST ``POST .../user-tasks/{task}``, both refused as a state):
+    an id that names no user task of the process (a typo, a script task's id; named with the likely
+    task), or a user task it has done; empty when the task is one still to come."""
+    if passed_user_tasks(instance, [task_id]):
+        return f" (user task {task_id!r} is done: a person's answer is taken once)"
+    if not unknown_user_task_keys(instance, [task_id]) or _TASK_UUID.fullmatch(task_id) and _had_task(instance, task_id):
+        return ""
+    process = instance.process
+    tasks = process.user_task_ids()
+    close = difflib.get_close_matches(task_id, tasks, n=1, cutoff=0.6)
+    spec = process.spec.task_specs.get(task_id)
+    what = (f"is the {str(spec.description).lower()} of process {process.id!r}, not a user task"
+            if spec is not None and getattr(spec, "bpmn_id", None) else f"names no element of process {process.id!r}")
+    likely = f"; did you mean {close[0]!r}?" if close else ""
+    named = ", ".join(map(repr, tasks)) or "none"
+    return f" ({task_id!r} {what}{likely}; its user tasks: {named})"
+
+
 def check_user_task_keys(target: Instance | Process, keys: Iterable[str], *, source: str = "answers") -> None:
     """Raise ``InvalidAnswer`` naming every key of answers' ``user_tasks`` that names no user task of
     ``target`` (a typo, an element that is no user task, answers meant for another process), before
@@ -2409,7 +2429,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
         # the instance's state refuses the answer, as REST's 409 says; no activity failed
         err = InstanceStateError(f"instance {self.instance.id} ({self.instance.status}) does not wait for task "
-                                 f"{task_id!r}; it waits for: {shown}")
+                                 f"{task_id!r}{why_not_waiting(self.instance, task_id)}; it waits for: {shown}")
         err.task_id = task_id  # type: ignore[attr-defined]
         raise err
 
