@@ -78,7 +78,7 @@ def story(served: tuple[Api, str]) -> dict[str, Any]:
     seen["fnol"] = api.post(f"/api/instances/{iid}/user-tasks/fnol", {"data": FNOL, "user": "ann"})
     seen["fnol_again"] = api.post(f"/api/instances/{iid}/user-tasks/fnol", {"data": FNOL})
     version = seen["fnol"].json()["version"]
-    confirm = f"/api/confirmations/review_join/payout_amount"
+    confirm = "/api/confirmations/review_join/payout_amount"
     seen["stale"] = api.post(confirm, {"value": 29500, "instance_id": iid, "expected_version": version - 1})
     seen["not_offered"] = api.post(confirm, {"value": 12345, "instance_id": iid})
     seen["answered"] = api.post(confirm, {"value": 29500, "instance_id": iid, "expected_version": version,
