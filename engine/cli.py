@@ -846,7 +846,8 @@ def _answer_keys(instance: Instance, answers: dict[str, Any], answer: tuple[str,
 
 
 def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], keys: list[str]) -> None:
-    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr (one
+    """An --answer for nothing the instance waits for is kept for the steps this resume reaches; say so
+    on stderr (the run names it after, when it reached none: ``unreached_answer_notices``; one
     for a confirmation that was cancelled with its join is used by none: say that; one for a user task
     done already is named after the resume, unless the task came back and took it)."""
     from .runtime import passed_user_tasks
@@ -864,7 +865,7 @@ def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], k
         elif key not in waiting:
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
-                     f"(it waits for: {listed}); it is kept for a later step")
+                     f"(it waits for: {listed}); it is used if this resume reaches that step")
 
 
 def _store_name(store: str | None) -> str:

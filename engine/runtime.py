@@ -573,6 +573,7 @@ class Engine:
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
                     f"first); the instance is {instance.status} now")
         instance.notices.extend(passed_answer_notices(instance, {k: t for k, t in passed.items() if k not in used}))
+        instance.notices.extend(unreached_answer_notices(instance, answers, used | set(passed)))
         instance.notices.extend(unused_confirmation_notices(instance, answers))
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
@@ -1418,6 +1419,26 @@ def passed_answer_notices(instance: Instance, passed: Mapping[str, str]) -> list
     return [f"answer {key!r} was not used: user task {task!r} of instance {instance.id} is done (it waits for: "
             f"{steps}); an answer is used only by the run or resume in which its step waits"
             for key, task in passed.items() if key not in again]
+
+
+def unreached_answer_notices(instance: Instance, answers: Mapping[str, Any] | None, settled: set[str]) -> list[str]:
+    """A notice for each user task's answer of ``answers`` that the run did not use because it never
+    reached the task (the adjuster's answer given while the instance waits at the first notice): an
+    answer is used only by the run or resume it is given to, not kept for a later one, so the person
+    who gave it must learn to give it again. ``settled``: the keys used, or named already (done
+    before this run: ``passed_answer_notices``). A key of no user task is no answer here (the same
+    ``--answer KEY={...}`` may be a confirmation's)."""
+    tasks = (answers or {}).get("user_tasks") or {}
+    if not tasks:
+        return []
+    steps = _waiting_steps(instance)
+    waiting = {str(w[k]) for w in instance.waiting_for if w["kind"] == "user_task" for k in ("id", "task_id")}
+    ids = set(instance.process.user_task_ids())
+    where = f"it waits at: {steps}" if instance.status == "waiting" else f"the instance is {instance.status}"
+    return [f"answer {key!r} was not used: this run did not reach user task {key!r} ({where}); an answer is used "
+            f"only by the run or resume it is given to, not kept for a later one: give it again to the `resume` "
+            f"that reaches the task (REST: the resume request, or POST .../user-tasks/{key} once it waits)"
+            for key in map(str, tasks) if key in ids and key not in settled and key not in waiting]
 
 
 def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:

@@ -347,3 +347,24 @@ def test_config_mistakes_are_named_before_anything_runs(tmp_path: Path, served: 
     nowhere = api.post("/api/context-governance/config", {"instance_id": iid, "config": {
         "activityId": "review_jion", "humanConfirm": {"timeout": 60}}})
     assert nowhere.status_code == 404 and "no element 'review_jion'" in nowhere.json()["error"]["message"]
+
+
+def test_an_answer_for_a_step_not_reached_is_named_unused_not_kept(served: tuple[Api, str]) -> None:
+    """The adjuster's answer given while the claim waits at its first notice: stderr said "it is kept for
+    a later step", yet the resume that later reached the adjuster waited for it again (an answer is used
+    only by the resume it is given to). The run now says it was not used, CLI and REST alike."""
+    api, store = served
+    iid = api.start()["instance_id"]
+    out = CliRunner().invoke(main, ["resume", iid, "--answer", "adjuster=" + json.dumps(ADJUSTER), "--store", store])
+    assert out.exit_code == 3
+    assert "kept for a later step" not in out.stderr
+    unused = ("answer 'adjuster' was not used: this run did not reach user task 'adjuster' (it waits at: fnol); "
+              "an answer is used only by the run or resume it is given to, not kept for a later one")
+    assert unused in out.stderr, out.stderr
+    rest = api.post(f"/api/instances/{iid}/resume", {"answers": {"user_tasks": {"adjuster": ADJUSTER}}}).json()
+    assert [n[:len(unused)] for n in rest["notices"]] == [unused]
+    # given with the answer that reaches it, it is used, and nothing is said
+    both = api.post(f"/api/instances/{iid}/resume", {"answers": {
+        "user_tasks": {"fnol": {**FNOL, "injury": False, "description": "hit a tree"}, "adjuster": ADJUSTER},
+        "confirmations": {"review_join/payout_amount": 29500}}}).json()
+    assert both["notices"] == [] and both["status"] == "error" and both["error"]["task_id"] == "payment"
