@@ -661,9 +661,10 @@ class HumanConfirmArgs(_Args):
 
 class AnswerArgs(_Args):
     """A person's answer to a pending confirmation (``value``; ``answer``, the field's name in the
-    confirmation and in ``--answers``, is taken too)."""
+    confirmation and in ``--answers``, is taken too, and so is ``resolution``, resolve's name for it,
+    as resolve takes ``value``)."""
 
-    value: Any = Field(validation_alias=AliasChoices("value", "answer"))
+    value: Any = Field(validation_alias=AliasChoices("value", "answer", "resolution"))
     reason: str | None = None
     user: str | None = None
     instance_id: InstanceId | None = Field(default=None, description="needed when several instances have this confirmation id")

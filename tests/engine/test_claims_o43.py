@@ -368,3 +368,16 @@ def test_an_answer_for_a_step_not_reached_is_named_unused_not_kept(served: tuple
         "user_tasks": {"fnol": {**FNOL, "injury": False, "description": "hit a tree"}, "adjuster": ADJUSTER},
         "confirmations": {"review_join/payout_amount": 29500}}}).json()
     assert both["notices"] == [] and both["status"] == "error" and both["error"]["task_id"] == "payment"
+
+
+def test_a_confirmation_takes_resolves_name_for_the_value(served: tuple[Api, str]) -> None:
+    """`resolve` takes a confirmation's `value` (and `answer`) for its `resolution`; the other way round,
+    `{"resolution": ...}` to POST /api/confirmations/{id} was refused with "did you mean 'reason'?"."""
+    api, _ = served
+    iid = api.start({"user_tasks": {"fnol": FNOL}})["instance_id"]
+    answered = api.post("/api/confirmations/review_join/payout_amount", {"resolution": 32000, "instance_id": iid})
+    assert answered.status_code == 200, answered.text
+    conflicts = {c["key"]: c for c in answered.json()["conflicts"]}
+    assert conflicts["payout_amount"]["resolution"]["value"] == 32000
+    both = api.post("/api/confirmations/review_join/payout_amount", {"value": 1, "resolution": 2, "instance_id": iid})
+    assert both.status_code == 422
