@@ -381,3 +381,23 @@ def test_a_confirmation_takes_resolves_name_for_the_value(served: tuple[Api, str
     assert conflicts["payout_amount"]["resolution"]["value"] == 32000
     both = api.post("/api/confirmations/review_join/payout_amount", {"value": 1, "resolution": 2, "instance_id": iid})
     assert both.status_code == 422
+
+
+def test_changes_while_the_join_waits_are_refused_alike(served: tuple[Api, str]) -> None:
+    """While the join waits for the person: the main context has open branches, and the branch holds
+    the value the question shows; REST and the CLI refuse both with the same message."""
+    api, store = served
+    iid = api.start({"user_tasks": {"fnol": FNOL}})["instance_id"]
+    code, listed, _ = cli(store, "snapshot", iid, "--list")
+    before = next(s["snapshot_id"] for s in listed["snapshots"] if s["label"] == "before triage")
+    rest = api.post("/api/context-governance/rollback", {"instance_id": iid, "snapshot_id": before})
+    code, doc, _ = cli(store, "rollback", iid, before)
+    assert rest.status_code == 409 and code == 2
+    assert "has open branches (coverage_check, fraud_check, medical_review)" in rest.json()["error"]["message"]
+    assert doc["error"]["message"] == rest.json()["error"]["message"].replace("(`context`:", "(`--context`:")
+    rest = api.post("/api/context-governance/inject", {"instance_id": iid, "key": "payout_amount", "value": 1,
+                                                       "context": "fraud_check"})
+    code, doc, _ = cli(store, "resume", iid, "--set", "payout_amount=1", "--context", "fraud_check")
+    assert rest.status_code == 409 and code == 2
+    assert "is what join 'review_join' asks a person about" in rest.json()["error"]["message"]
+    assert doc["error"]["message"] == "--set: " + rest.json()["error"]["message"]
