@@ -573,7 +573,9 @@ class Engine:
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
                     f"first); the instance is {instance.status} now")
         instance.notices.extend(passed_answer_notices(instance, {k: t for k, t in passed.items() if k not in used}))
-        instance.notices.extend(unreached_answer_notices(instance, answers, used | set(passed)))
+        # the tasks that waited as the run began are named above (or were used): the rest were never reached
+        named = {str(w[k]) for w in answered_for for k in ("id", "task_id")}
+        instance.notices.extend(unreached_answer_notices(instance, answers, used | set(passed) | named))
         instance.notices.extend(unused_confirmation_notices(instance, answers))
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
