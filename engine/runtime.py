@@ -1513,6 +1513,15 @@ def why_not_waiting(instance: Instance, task_id: str) -> str:
     task), or a user task it has done; empty when the task is one still to come."""
     if passed_user_tasks(instance, [task_id]):
         return f" (user task {task_id!r} is done: a person's answer is taken once)"
+    ended = [t for t in instance.workflow.get_tasks() if spiff.bpmn_id_of(t) == task_id
+             and t.state == TaskState.CANCELLED]
+    # interrupted before anyone answered: name the boundary event of it that fired (a task SpiffWorkflow
+    # cancelled for another reason, a branch not taken, is left unnamed)
+    fired = [spiff.bpmn_id_of(c) for t in ended[-1:] for c in (t.parent.children if t.parent else [])
+             if c is not t and c.state == TaskState.COMPLETED and "Boundary" in type(c.task_spec).__name__]
+    if fired:
+        return (f" (user task {task_id!r} was cancelled before it was answered: its boundary event {fired[0]!r} "
+                "fired first; the answer was not used)")
     if not unknown_user_task_keys(instance, [task_id]) or _TASK_UUID.fullmatch(task_id) and _had_task(instance, task_id):
         return ""
     process = instance.process

@@ -290,6 +290,9 @@ def test_the_adjusters_timer_escalates_and_a_late_answer_is_refused(served: tupl
     assert code == 0 and doc["status"] == "completed" and doc["layers"]["L3"]["escalated"] is True
     late = api.post(f"/api/instances/{waiting['instance_id']}/user-tasks/adjuster", {"data": ADJUSTER})
     assert late.status_code == 409 and late.json()["error"]["kind"] == "invalid_state"
+    # it said only "it waits for no user task (nothing)"
+    assert ("user task 'adjuster' was cancelled before it was answered: its boundary event 'adjuster_late' fired "
+            "first") in late.json()["error"]["message"]
 
 
 def test_a_user_task_id_that_names_no_user_task_says_so(served: tuple[Api, str], story: dict[str, Any]) -> None:
