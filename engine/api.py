@@ -211,8 +211,9 @@ class BranchEvaluateRequest(BranchEvaluateArgs, _Instance):
 
 
 class AnswerRequest(AnswerArgs, _Body):
-    # `answer`, the field's name in a confirmation and in --answers (AnswerArgs.value's alias)
-    other_names: ClassVar[dict[str, tuple[str, ...]]] = {"value": ("answer",)}
+    # `answer`, the field's name in a confirmation and in --answers, and `resolution`, resolve's name
+    # for it (AnswerArgs.value's aliases)
+    other_names: ClassVar[dict[str, tuple[str, ...]]] = {"value": ("answer", "resolution")}
 
 
 class StartRequest(StartArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)

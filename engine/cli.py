@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from datetime import datetime, timezone
-from typing import Any, NoReturn
+from typing import Any, NoReturn, get_args
 
 import click
 
@@ -38,7 +38,7 @@ from .governance import (InvalidAnswer, activity_events, event_document, moved_k
                          no_key_or_branch)
 from .leases import LEASE_TTL, held_by, holding
 from .process import load_process
-from .runtime import (AnswerWriteDenied, Engine, Instance, Unattended, check_start,
+from .runtime import (AnswerWriteDenied, Engine, Instance, Status, Unattended, check_start,
                       check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers, _utc)
 from .store import default_store_url, open_store, record_head
 
@@ -846,7 +846,8 @@ def _answer_keys(instance: Instance, answers: dict[str, Any], answer: tuple[str,
 
 
 def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], keys: list[str]) -> None:
-    """An --answer for nothing the instance waits for is kept for later steps; say so on stderr (one
+    """An --answer for nothing the instance waits for is kept for the steps this resume reaches; say so
+    on stderr (the run names it after, when it reached none: ``unreached_answer_notices``; one
     for a confirmation that was cancelled with its join is used by none: say that; one for a user task
     done already is named after the resume, unless the task came back and took it)."""
     from .runtime import passed_user_tasks
@@ -864,7 +865,7 @@ def _unused_answers(out: _Out, instance: Instance, answers: Mapping[str, Any], k
         elif key not in waiting:
             listed = ", ".join(sorted(waiting - {"*"})) or "nothing"
             out.info(f"layerflow: --answer {key!r}: instance {instance.id} does not wait for it now "
-                     f"(it waits for: {listed}); it is kept for a later step")
+                     f"(it waits for: {listed}); it is used if this resume reaches that step")
 
 
 def _store_name(store: str | None) -> str:
@@ -1045,12 +1046,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                     try:
                         engine.inject(instance, values, context=target, actor="operator")
                     except LayerflowError as err:
-                        hint = ""
-                        if isinstance(err, ContextWriteDenied) and Layer.parse(err.effective) == Layer.PROCESS:
-                            # the fix-and-retry an operator tries first: a wrong value of the run's --data
-                            hint = (f". PROCESS keys (the run's --data) are fixed for the life of instance "
-                                    f"{instance.id}: to run with another {err.key!r}, `layerflow cancel "
-                                    f"{instance.id} --reason ...` and start a new instance with the corrected --data")
+                        from .governance import fixed_key_hint
+
+                        hint = fixed_key_hint(instance.id, err) if isinstance(err, ContextWriteDenied) else ""
                         _fail(f"--set: {err}{hint}", as_json=as_json, kind=err.kind,
                               details={"instance_id": instance.id, "key": getattr(err, "key", None)})
                     for line in hints:  # the write stands: a new key may be the fix
@@ -1217,20 +1215,23 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 
 
 @main.command("list")
+@click.option("--status", type=click.Choice(get_args(Status)), default=None,
+              help="only the instances of this status (as GET /api/instances?status=)")
 @_store_option
 @_json_option
-def list_instances(store: str | None, as_json: bool) -> None:
+def list_instances(status: str | None, store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
     waiting one whose timer or answer is being run from one that still waits."""
+    from .governance import instance_rows
+
     engine = _existing_engine(store, None, as_json)
-    rows = engine.store.list() if engine is not None else []
-    held = {r["id"]: held_by(engine.store, r["id"], r["status"]) if engine is not None else None for r in rows}
+    rows = instance_rows(engine.store, status, holders=True) if engine is not None else []
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
-        _Out(True).doc([{"instance_id": r["id"], **r, "held_by": held[r["id"]]} for r in rows])
+        _Out(True).doc(rows)
         return
     for r in rows:
-        by = f"  held by {held[r['id']]}" if held[r["id"]] else ""
+        by = f"  held by {r['held_by']}" if r["held_by"] else ""
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}{by}")
 
@@ -1755,28 +1756,8 @@ def replay(instance_id: str, until_arg: int | None, until: int | None, context_n
             click.echo(f"{layer}\t{k}\t{_short(v)}")
 
 
-def _snapshot_list(instance: Instance, ctx: LayeredContext | None) -> list[dict[str, Any]]:
-    """The snapshots of an instance (or of one context), newest first, each once."""
-    found: dict[str, dict[str, Any]] = {}
-    for c in [ctx] if ctx is not None else list(instance.contexts.values()):
-        for sid, snap in c.snapshots.items():
-            owner = instance.contexts.get(snap.context)
-            event = _event_at(owner.tape, snap.seq) if owner is not None else None
-            label = snap.label
-            if label is None and event is not None and event.kind == "begin":
-                label = f"before {(event.data or {}).get('task_id') or event.activity}"
-            found.setdefault(sid, {"snapshot_id": sid, "context": snap.context, "seq": snap.seq, "label": label,
-                                   "time": event.time if event is not None else None})
-    return sorted(found.values(), key=lambda s: (s["time"] or 0.0, s["seq"]), reverse=True)
-
-
 def _snapshot_lines(snapshots: list[dict[str, Any]]) -> list[str]:
     return [f"{s['snapshot_id']}\t{s['context']}#{s['seq']}\t{s['label'] or ''}".rstrip() for s in snapshots]
-
-
-def _recent(snapshots: list[dict[str, Any]], n: int = 5) -> str:
-    shown = ", ".join(f"{s['snapshot_id']}" + (f" ({s['label']})" if s["label"] else "") for s in snapshots[:n])
-    return shown or "none"
 
 
 @main.command()
@@ -1798,7 +1779,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     """Put a context's layers back to a snapshot: a restore event on the tape; nothing is deleted."""
     from pydantic import ValidationError
 
-    from .governance import RollbackArgs
+    from .governance import RollbackArgs, SnapshotNotFound, recent_snapshots, snapshot_list
 
     if snapshot_arg is not None and snapshot_id is not None and snapshot_arg != snapshot_id:
         _fail(f"two snapshots given: {snapshot_arg!r} and --snapshot {snapshot_id!r}; name one",
@@ -1808,16 +1789,15 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     service = _service(store, as_json)
     instance = _acting_on(_load(service.engine, instance_id, as_json))
     ctx = _branch_context(service, instance, context_name, as_json) if context_name else None
-    known = _snapshot_list(instance, ctx)
+    known = snapshot_list(instance, ctx)
     where = f" context {ctx.name!r} of" if ctx is not None else ""
     details = {**_named(instance), "recent_snapshots": known[:5]}
     if not snapshot_id:
         _fail(f"name the snapshot: --snapshot SNAPSHOT_ID; recent snapshots of{where} instance {instance.id}: "
-              f"{_recent(known)}", as_json=as_json, details=details)
+              f"{recent_snapshots(known)}", as_json=as_json, details=details)
     if snapshot_id not in {s["snapshot_id"] for s in known}:
-        _fail(f"no snapshot {snapshot_id!r} in{where} instance {instance.id}; recent snapshots: {_recent(known)}; "
-              f"`layerflow snapshot {instance.id} --list` shows them all", as_json=as_json, kind="not_found",
-              details={**details, "snapshot_id": snapshot_id})
+        missing = SnapshotNotFound(instance, snapshot_id, ctx)
+        _fail(str(missing), as_json=as_json, kind=missing.kind, details={**details, **missing.to_dict()})
     chosen = [x.strip() for x in layers.split(",") if x.strip()] if layers is not None else None
     if chosen is not None:
         try:
@@ -1857,13 +1837,13 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
 def snapshot(instance_id: str, context_name: str | None, label: str | None, list_them: bool, store: str | None,
              as_json: bool) -> None:
     """Take a snapshot of a context (all six layers) and print its id."""
-    from .governance import SnapshotArgs
+    from .governance import SnapshotArgs, snapshot_list
 
     service = _service(store, as_json)
     instance = _acting_on(_load(service.engine, instance_id, as_json))
     ctx = _branch_context(service, instance, context_name, as_json)
     if list_them:
-        known = _snapshot_list(instance, ctx if context_name else None)
+        known = snapshot_list(instance, ctx if context_name else None)
         if as_json:
             _Out(True).doc({"instance_id": instance.id, "snapshots": known})
         else:

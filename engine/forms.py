@@ -29,7 +29,8 @@ These ways of declaring one are read from the BPMN, as the modelers save them:
 A form is a plain JSON value (``parse_form``), kept in the task spec's extensions under
 ``"form"``, so it travels with the workflow: an instance resumed elsewhere checks its answers
 without the files. ``check_answer`` fills omitted fields with their defaults (as the submitted
-form would carry them) and lists every problem; fields the form does not declare pass. A
+form would carry them) and lists every problem; fields the form does not declare pass, unless one
+reads like a field the answer leaves out (a typo, refused: the default would stand in for it). A
 read-only field (Camunda ``readonly``, JSON Schema ``readOnly``) keeps the value the form shows.
 ``form_problems`` is what ``layerflow validate`` reports of a declaration.
 """
@@ -37,6 +38,7 @@ read-only field (Camunda ``readonly``, JSON Schema ``readOnly``) keeps the value
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
 import json
 import re
@@ -865,6 +867,31 @@ def _readonly_problem(field: Mapping[str, Any], given: Any, shown: Any) -> str |
             f"{json.dumps(given, ensure_ascii=False)}; leave it out or give the value shown")
 
 
+def _misspelt_fields(fields: list[dict[str, Any]], given: Mapping[str, Any],
+                     prefilled: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A key of the answer that is no field of the form but reads like a field the answer leaves out
+    (``injry`` beside an omitted ``injury``): a typo the form would otherwise fill with the field's
+    default, so the person's value is lost without a word and the process takes the other path.
+    Fields the form does not declare still pass when they read like none of its open fields."""
+    ids = [str(f["id"]) for f in fields]
+    open_ = [f["id"] for f in fields if f["id"] not in given and not f.get("readonly")]
+    problems = []
+    for key in given:
+        if key in ids:
+            continue
+        close = difflib.get_close_matches(str(key), open_, n=1, cutoff=0.8)
+        if close:
+            field = close[0]
+            default = next(f.get("default") for f in fields if f["id"] == field)
+            what = (" (the form would keep the value the context holds)" if field in prefilled else
+                    f" (the form would take its default {json.dumps(default, ensure_ascii=False)})"
+                    if default is not None else "")
+            problems.append((str(key), f"is not a field of the form and reads like {field!r}, which the answer leaves "
+                                       f"out{what}: send the value as {field!r}, or give {field!r} too if {key!r} "
+                                       "is a key of its own"))
+    return problems
+
+
 def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
                  prefilled: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The answer with the defaults of the fields it omits, and its problems as (field, message).
@@ -881,7 +908,7 @@ def check_answer(form: Mapping[str, Any] | None, given: Mapping[str, Any],
         return answer, []
     prefilled = prefilled or {}
     fields = form.get("fields") or []
-    problems: list[tuple[str, str]] = []
+    problems = _misspelt_fields(fields, given, prefilled)
     for field in fields:
         fid = field["id"]
         if field.get("readonly") and fid in given:

@@ -88,7 +88,8 @@ from . import events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import held_by, holding
 from .process import Process, load_process
-from .runtime import AnswerWriteDenied, Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled
+from .runtime import (AnswerWriteDenied, Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
+                      why_not_waiting)
 from .store import record_head
 
 __all__ = [
@@ -660,9 +661,10 @@ class HumanConfirmArgs(_Args):
 
 class AnswerArgs(_Args):
     """A person's answer to a pending confirmation (``value``; ``answer``, the field's name in the
-    confirmation and in ``--answers``, is taken too)."""
+    confirmation and in ``--answers``, is taken too, and so is ``resolution``, resolve's name for it,
+    as resolve takes ``value``)."""
 
-    value: Any = Field(validation_alias=AliasChoices("value", "answer"))
+    value: Any = Field(validation_alias=AliasChoices("value", "answer", "resolution"))
     reason: str | None = None
     user: str | None = None
     instance_id: InstanceId | None = Field(default=None, description="needed when several instances have this confirmation id")
@@ -804,6 +806,75 @@ class _Gate:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+
+
+def snapshot_list(instance: Instance, ctx: LayeredContext | None = None) -> list[dict[str, Any]]:
+    """The snapshots of an instance (or of one context), newest first, each once, as ``layerflow
+    snapshot ID --list`` lists them: a snapshot an activity's begin took is labelled ``before TASK``."""
+    found: dict[str, dict[str, Any]] = {}
+    for c in [ctx] if ctx is not None else list(instance.contexts.values()):
+        for sid, snap in c.snapshots.items():
+            owner = instance.contexts.get(snap.context)
+            event = _event_at(owner.tape, snap.seq) if owner is not None else None
+            label = snap.label
+            if label is None and event is not None and event.kind == "begin":
+                label = f"before {(event.data or {}).get('task_id') or event.activity}"
+            found.setdefault(sid, {"snapshot_id": sid, "context": snap.context, "seq": snap.seq, "label": label,
+                                   "time": event.time if event is not None else None})
+    return sorted(found.values(), key=lambda s: (s["time"] or 0.0, s["seq"]), reverse=True)
+
+
+def _event_at(tape: Any, seq: int) -> Event | None:
+    if 0 < seq <= len(tape) and tape[seq - 1].seq == seq:  # seqs count from 1 without gaps
+        return tape[seq - 1]  # type: ignore[no-any-return]
+    return next((e for e in tape if e.seq == seq), None)
+
+
+def recent_snapshots(snapshots: list[dict[str, Any]], n: int = 5) -> str:
+    shown = ", ".join(f"{s['snapshot_id']}" + (f" ({s['label']})" if s["label"] else "") for s in snapshots[:n])
+    return shown or "none"
+
+
+class SnapshotNotFound(ContextKeyError):
+    """A rollback to a snapshot no context of the instance (or the context named) took: the same
+    message and fields from the CLI and REST, with the instance's most recent snapshots to choose from."""
+
+    def __init__(self, instance: Instance, snapshot_id: str, ctx: LayeredContext | None = None) -> None:
+        known = snapshot_list(instance, ctx)
+        where = f" context {ctx.name!r} of" if ctx is not None else ""
+        self.instance_id, self.snapshot_id, self.recent = instance.id, snapshot_id, known[:5]
+        super().__init__(
+            f"no snapshot {snapshot_id!r} in{where} instance {instance.id}; recent snapshots: {recent_snapshots(known)}; "
+            f"`layerflow snapshot {instance.id} --list` shows them all (REST: "
+            f"GET /api/instances/{instance.id}/tape?kind=snapshot those of splits, compressions and operators, "
+            "`?kind=begin` the one each activity took as it began)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "instance_id": self.instance_id, "snapshot_id": self.snapshot_id,
+                "recent_snapshots": self.recent}
+
+
+def instance_rows(store: Any, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
+    """The store's instances, newest first (of one ``status``, when given), each with ``instance_id`` as
+    ``run --json`` names it beside the store's ``id``: GET /api/instances and ``layerflow list --json``
+    alike. ``holders``: each with ``held_by`` (a lease lookup per row, so only for a listing someone reads)."""
+    rows = [{"instance_id": r["id"], **r} for r in store.list() if status is None or r.get("status") == status]
+    if holders:
+        for r in rows:
+            r["held_by"] = held_by(store, r["id"], r["status"])
+    return rows
+
+
+def fixed_key_hint(instance_id: str, err: ContextWriteDenied) -> str:
+    """What to do instead of correcting a PROCESS key (the start data): the fix-and-retry an operator
+    tries first after a step failed on a wrong value of it (REST ``inject``, ``resume --set``); empty
+    for a refusal in another layer."""
+    if Layer.parse(err.effective) != Layer.PROCESS:
+        return ""
+    return (f". PROCESS keys (the start data) are fixed for the life of instance {instance_id}: to run with "
+            f"another {err.key!r}, cancel it (`layerflow cancel {instance_id} --reason ...`, REST POST "
+            f"/api/instances/{instance_id}/cancel) and start a new instance with the corrected data; a key "
+            f"that must stay correctable is started in WORKING (the config's `data_layers: {{{err.key}: WORKING}}`)")
 
 
 class GovernanceService:
@@ -997,14 +1068,7 @@ class GovernanceService:
     def list_instances(self, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
         """Summaries, newest first; ``holders``: each with ``held_by`` (a lease lookup per row, so
         only for a listing someone reads)."""
-        # ``instance_id`` as every other document names the instance (``layerflow list --json`` too),
-        # beside the store's ``id``
-        rows = [{"instance_id": r["id"], **r} for r in self.engine.store.list()
-                if status is None or r.get("status") == status]
-        if holders:
-            for r in rows:
-                r["held_by"] = held_by(self.engine.store, r["id"], r["status"])
-        return rows
+        return instance_rows(self.engine.store, status, holders=holders)
 
     def document(self, instance_id: str) -> dict[str, Any]:
         """The instance's `run --json` document, plus its version and who holds its lease."""
@@ -1206,6 +1270,7 @@ class GovernanceService:
                     written[key] = str(ctx.write(args.layer, key, value, actor=actor))
             except ContextWriteDenied as err:
                 err.context = ctx.name  # the refusal goes on the tape of the context it was meant for
+                err.args = (str(err) + fixed_key_hint(instance.id, err),)
                 raise
             self._writable(instance, ctx, "inject", args.values)
             ctx.record("governance", actor=actor, data={"op": "inject", "keys": list(args.values),
@@ -1353,15 +1418,13 @@ class GovernanceService:
     def _snapshot_owner(self, instance: Instance, snapshot_id: str, context: str | None) -> LayeredContext:
         if context is not None:
             ctx = self.context_of(instance, context)
-            ctx.get_snapshot(snapshot_id)  # raises not_found naming the context
+            if snapshot_id not in ctx.snapshots:
+                raise SnapshotNotFound(instance, snapshot_id, ctx)
             return ctx
         for ctx in instance.contexts.values():
             if snapshot_id in ctx.snapshots:
                 return ctx
-        raise ContextKeyError(f"no context of instance {instance.id} took snapshot {snapshot_id!r}; "
-                              f"`GET /api/instances/{instance.id}/tape?kind=snapshot` lists those of splits, "
-                              f"compressions and operators, `?kind=begin` the one each activity took as it began "
-                              f"(`layerflow snapshot {instance.id} --list`: all of them)")
+        raise SnapshotNotFound(instance, snapshot_id)
 
     def snapshot(self, instance_id: str, args: SnapshotArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
@@ -1513,7 +1576,7 @@ class GovernanceService:
                 shown = (", ".join(f"{w['task_id']} ({w['id']})" for w in waiting)
                          or f"no user task ({events.describe_waiting(instance.waiting_for)})")
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
-                                         f"{task_id!r}; it waits for {shown}")
+                                         f"{task_id!r}{why_not_waiting(instance, task_id)}; it waits for {shown}")
             instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)
             completed.append(instance.completed_user_task)
             return instance

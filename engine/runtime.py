@@ -573,6 +573,9 @@ class Engine:
                     f"cancelled before the answer could be given, by a boundary event or timer that came due "
                     f"first); the instance is {instance.status} now")
         instance.notices.extend(passed_answer_notices(instance, {k: t for k, t in passed.items() if k not in used}))
+        # the tasks that waited as the run began are named above (or were used): the rest were never reached
+        named = {str(w[k]) for w in answered_for for k in ("id", "task_id")}
+        instance.notices.extend(unreached_answer_notices(instance, answers, used | set(passed) | named))
         instance.notices.extend(unused_confirmation_notices(instance, answers))
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
@@ -1420,6 +1423,26 @@ def passed_answer_notices(instance: Instance, passed: Mapping[str, str]) -> list
             for key, task in passed.items() if key not in again]
 
 
+def unreached_answer_notices(instance: Instance, answers: Mapping[str, Any] | None, settled: set[str]) -> list[str]:
+    """A notice for each user task's answer of ``answers`` that the run did not use because it never
+    reached the task (the adjuster's answer given while the instance waits at the first notice): an
+    answer is used only by the run or resume it is given to, not kept for a later one, so the person
+    who gave it must learn to give it again. ``settled``: the keys used, or named already (done
+    before this run: ``passed_answer_notices``). A key of no user task is no answer here (the same
+    ``--answer KEY={...}`` may be a confirmation's)."""
+    tasks = (answers or {}).get("user_tasks") or {}
+    if not tasks:
+        return []
+    steps = _waiting_steps(instance)
+    waiting = {str(w[k]) for w in instance.waiting_for if w["kind"] == "user_task" for k in ("id", "task_id")}
+    ids = set(instance.process.user_task_ids())
+    where = f"it waits at: {steps}" if instance.status == "waiting" else f"the instance is {instance.status}"
+    return [f"answer {key!r} was not used: this run did not reach user task {key!r} ({where}); an answer is used "
+            f"only by the run or resume it is given to, not kept for a later one: give it again to the `resume` "
+            f"that reaches the task (REST: the resume request, or POST .../user-tasks/{key} once it waits)"
+            for key in map(str, tasks) if key in ids and key not in settled and key not in waiting]
+
+
 def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:
     """A notice for each confirmation answer of ``answers`` (the ``confirmations`` keys that are no
     user task's answer too) that names no confirmation ``instance`` ever had, as the run that was
@@ -1481,6 +1504,35 @@ def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> l
     process, _, waiting, _ = _answer_scope(target)
     ids = set(process.user_task_ids()) | waiting
     return [key for key in keys if key not in ids]
+
+
+def why_not_waiting(instance: Instance, task_id: str) -> str:
+    """Why ``instance`` cannot take a person's answer posted to ``task_id`` that it does not wait for
+    (``Engine.complete_user_task``, REST ``POST .../user-tasks/{task}``, both refused as a state):
+    an id that names no user task of the process (a typo, a script task's id; named with the likely
+    task), or a user task it has done; empty when the task is one still to come."""
+    if passed_user_tasks(instance, [task_id]):
+        return f" (user task {task_id!r} is done: a person's answer is taken once)"
+    ended = [t for t in instance.workflow.get_tasks() if spiff.bpmn_id_of(t) == task_id
+             and t.state == TaskState.CANCELLED]
+    # interrupted before anyone answered: name the boundary event of it that fired (a task SpiffWorkflow
+    # cancelled for another reason, a branch not taken, is left unnamed)
+    fired = [spiff.bpmn_id_of(c) for t in ended[-1:] for c in (t.parent.children if t.parent else [])
+             if c is not t and c.state == TaskState.COMPLETED and "Boundary" in type(c.task_spec).__name__]
+    if fired:
+        return (f" (user task {task_id!r} was cancelled before it was answered: its boundary event {fired[0]!r} "
+                "fired first; the answer was not used)")
+    if not unknown_user_task_keys(instance, [task_id]) or _TASK_UUID.fullmatch(task_id) and _had_task(instance, task_id):
+        return ""
+    process = instance.process
+    tasks = process.user_task_ids()
+    close = difflib.get_close_matches(task_id, tasks, n=1, cutoff=0.6)
+    spec = process.spec.task_specs.get(task_id)
+    what = (f"is the {str(spec.description).lower()} of process {process.id!r}, not a user task"
+            if spec is not None and getattr(spec, "bpmn_id", None) else f"names no element of process {process.id!r}")
+    likely = f"; did you mean {close[0]!r}?" if close else ""
+    named = ", ".join(map(repr, tasks)) or "none"
+    return f" ({task_id!r} {what}{likely}; its user tasks: {named})"
 
 
 def check_user_task_keys(target: Instance | Process, keys: Iterable[str], *, source: str = "answers") -> None:
@@ -2409,7 +2461,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
 
         # the instance's state refuses the answer, as REST's 409 says; no activity failed
         err = InstanceStateError(f"instance {self.instance.id} ({self.instance.status}) does not wait for task "
-                                 f"{task_id!r}; it waits for: {shown}")
+                                 f"{task_id!r}{why_not_waiting(self.instance, task_id)}; it waits for: {shown}")
         err.task_id = task_id  # type: ignore[attr-defined]
         raise err
 

@@ -328,7 +328,7 @@ def test_answers_a_resume_refuses_leave_the_instance_as_it_was(store: str) -> No
     code, doc, err = cli("resume", iid, "--store", store, "--set", "quantity=31")
     assert code == 2 and "has open branches (finance_review, legal_review)" in doc["error"]["message"]
     code, doc, err = cli("resume", iid, "--store", store, "--set", "quantity=31", "--context", "legal_review")
-    assert code == 2 and "PROCESS keys (the run's --data) are fixed" in doc["error"]["message"], (doc, err)
+    assert code == 2 and "PROCESS keys (the start data) are fixed" in doc["error"]["message"], (doc, err)
     assert cli("inspect", iid, "--store", store)[1]["tape_length"] >= length
     assert cli("inspect", iid, "--store", store)[1]["layers"]["L1"]["quantity"] == 30
 
