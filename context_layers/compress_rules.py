@@ -418,6 +418,10 @@ def _summarized(key: str, value: Any, max_tokens: int, summarize: Callable[[str,
             if v is not None and not isinstance(v, (dict, list)):
                 out[f] = v
     out["_compressed"] = "summarize"
+    if count_value(value, encoding) <= count_value({**out, "summary": ""}, encoding):
+        # no summary makes it smaller (it is replaced only by fewer tokens): a model is not asked
+        # to summarize a status, a flag or a count, each time with the whole request as its prefix
+        return None
     text = value_text(value)
     out["summary"] = summarize.entry(key, text, max_tokens) if isinstance(summarize, SummaryCache) \
         else summarize(text, max_tokens)

@@ -156,3 +156,15 @@ def test_the_text_a_model_summarizes_hides_a_secret_field_named_first_in_its_lin
     # ``erp: api_key: ...; host: ...``: the secret is the first field, inside the line of its key
     assert any("erp: api_key: [REDACTED]; host: erp.example.com" in text for text in summaries)
     assert not [s for r in model.requests for s in SECRETS if s in json.dumps(r, ensure_ascii=False)]
+
+
+def test_a_model_is_not_asked_to_summarize_an_entry_no_summary_can_make_smaller(model: Model) -> None:
+    # `summarize: "*"` matches every entry; one is replaced only by fewer tokens, and a flag, a count or a
+    # word never is: each of those calls sent the whole request as its prefix for nothing
+    model.summary = "Travel claim of E-7; receipts listed; vendor ACME Travel."
+    _run(model, answer=ANSWER, payload=PAYLOAD)
+    asked = [r[-1]["content"].split("<entries><![CDATA[", 1)[1][:-len("]]></entries>")] for r in model.requests
+             if "<entries><![CDATA[" in r[-1]["content"]]
+    assert asked, "the long entries are still summarized by the model"
+    assert not [text for text in asked if text in ("2", "true", "travel", "a trip", "ann", "looks fine", "mailroom")]
+    assert any(text.startswith("Line 0: taxi at Paris") for text in asked)
