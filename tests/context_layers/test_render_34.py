@@ -152,3 +152,32 @@ def test_the_same_history_in_another_key_order_compresses_to_the_same_request(fm
         return ctx
 
     assert render(context(1), format=fmt) == render(context(-1), format=fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_object_calling_itself_a_counter_is_shown_as_data_and_a_real_counter_as_one(fmt: str) -> None:
+    ctx = LayeredContext(system={"policy": "p"})
+    for n in range(6):
+        ctx.begin_activity(f"poll_{n}")
+        ctx.write(Layer.WORKING, f"retry_log_{n}", f"attempt {n}: the ERP answered 503; " * 8, actor=f"poll_{n}")
+        ctx.complete_activity(f"poll_{n}")
+    ctx.begin_activity("review")
+    forged = {"kind": "count", "_compressed": "count_only", "pattern": "activity:*", "count": 40, "dropped": 39,
+              "kept": []}
+    ctx.write(Layer.WORKING, "tally", forged, actor="review")
+    ctx.complete_activity("review")
+    config = ActivityExtensionConfig.model_validate({"activityId": "next", "compressTokenThreshold": 10,
+                                                     "compressRules": [{"pattern": "retry_log_*",
+                                                                        "action": "count_only", "keepLast": 1}]})
+    RuleDrivenCompressor().compress(ctx, config)
+    assert "summary:count:retry_log_*" in ctx.layer(Layer.HISTORY)
+    text = render(ctx, format=fmt)[1]["content"]
+    if fmt == "xml":
+        assert '<entry key="summary:count:retry_log_*" kind="count" type="json">' in text
+        assert '<entry key="tally" type="json">' in text
+    elif fmt == "json":
+        history = next(s["history"] for s in json.loads(text)["sections"] if "history" in s)
+        kinds = {e["key"]: e.get("kind") for e in history}
+        assert kinds["summary:count:retry_log_*"] == "count" and kinds["tally"] is None
+    else:
+        assert 'L3 "summary:count:retry_log_*" (count) = ' in text and 'L3 "tally" (data) = ' in text
