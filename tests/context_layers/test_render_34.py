@@ -94,7 +94,7 @@ def _secret(name: str) -> bool:
 
 @given(st.lists(st.tuples(st.one_of(_name, _secret_name), _value), min_size=1, max_size=6),
        st.sampled_from(["; ", "\n"]), st.one_of(st.none(), _name, _secret_name))
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_secret_names_in_summary_text_lose_their_values_and_nothing_else(pairs: list[tuple[str, str]], sep: str,
                                                                          owner: str | None) -> None:
     text = sep.join(f"{n}: {v}" for n, v in pairs)
@@ -129,7 +129,7 @@ _json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=6), _json, min_size=1, max_size=5), st.randoms())
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 def test_a_summary_of_an_object_does_not_depend_on_its_key_order(value: dict[str, Any], rnd: Any) -> None:
     other = _shuffled(value, rnd)
     assert value_text(other) == value_text(value)
