@@ -83,6 +83,9 @@ class RuleOutcome:
     items: tuple[tuple[str, Any], ...]
     affected: tuple[str, ...] = ()
     missing_paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # a ``count_only`` rule that matched entries to remove but made no counter, as it would cost more
+    # tokens than they do: ``{"entries", "entries_tokens", "counter_tokens", "reason"}`` (else empty)
+    declined: Mapping[str, Any] = field(default_factory=dict)
 
 
 class SummaryCache:
@@ -447,7 +450,11 @@ def _count_only(items: Items, matched: list[int], rule: CompressRule, tokens: Ca
     saved = sum(tokens(items[i][1]) for i in drop)
     grown = tokens(record) - (tokens(old) if old is not None else 0)
     if grown >= saved:
-        return RuleOutcome(items=tuple(items))
+        # never bigger (the module's invariant): the entries stay, and say why
+        return RuleOutcome(items=tuple(items), declined={
+            "entries": len(drop), "entries_tokens": saved, "counter_tokens": grown,
+            "reason": f"count_only rule {rule.pattern!r} made no counter: it would cost {grown} tokens, more than "
+                      f"the {len(drop)} entr{'y' if len(drop) == 1 else 'ies'} it replaces ({saved} tokens)"})
     gone = [items[i][0] for i in drop]
     gone_set = set(gone)
     out = [(k, record if k == key else v) for k, v in items if k not in gone_set]
@@ -459,10 +466,13 @@ def _count_only(items: Items, matched: list[int], rule: CompressRule, tokens: Ca
 def apply_rules(items: Iterable[tuple[str, Any]], rules: Sequence[CompressRule], *, protected: Iterable[str] = (),
                 summarize: Callable[[str, int], str] | None = None, encoding: str = DEFAULT_ENCODING,
                 counts: list[int] | None = None, judged: Judged | None = None,
-                tokens: Callable[[Any], int] | None = None) -> RuleOutcome:
+                tokens: Callable[[Any], int] | None = None,
+                declined: dict[int, Mapping[str, Any]] | None = None) -> RuleOutcome:
     """Apply the rules in order, again and again until a pass changes nothing.
 
-    ``counts`` (one slot per rule) gains the number of entries each rule changed;
+    ``counts`` (one slot per rule) gains the number of entries each rule changed; ``declined``
+    (rule index -> ``RuleOutcome.declined``) the ``count_only`` rules that, in the last pass,
+    made no counter as it would have cost more than it saved;
     ``judged``: a memo of verdicts shared by the calls of one compression (see
     ``apply_rule``), one for this call when ``None``; ``tokens``: as for ``apply_rule``.
     """
@@ -481,6 +491,11 @@ def apply_rules(items: Iterable[tuple[str, Any]], rules: Sequence[CompressRule],
                               tokens=tokens)
             for k, paths in out.missing_paths.items():
                 missing[k] = tuple(dict.fromkeys([*missing.get(k, ()), *paths]))
+            if declined is not None:
+                if out.declined:
+                    declined[n] = out.declined
+                else:
+                    declined.pop(n, None)
             if out.affected:
                 changed = True
                 current = out.items

@@ -274,8 +274,9 @@ class RuleDrivenCompressor:
         # (count_only on "activity:*"), and their entries still belong to them.
         seg = scope.segments
         judged: Judged = {}
+        declined: dict[int, Mapping[str, Any]] = {}
         ruled = apply_rules(original, rules, protected=protected, summarize=summarize, encoding=enc, counts=counts,
-                            judged=judged, tokens=tok)
+                            judged=judged, tokens=tok, declined=declined)
 
         def rerule(pairs: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
             """The rules on what a fold leaves (the verdicts on entries the first run saw are remembered)."""
@@ -340,7 +341,7 @@ class RuleDrivenCompressor:
                                   entries_affected=0, snapshot_id=None, triggers=fired, attention_before=before,
                                   attention_after=before, missing_paths=missing, target_tokens=target,
                                   target_met=_met(scope.tokens, len(original), target, entry_target),
-                                  rules=_rule_report(rules, counts), source=source,
+                                  rules=_rule_report(rules, counts, declined), source=source,
                                   notes=self._unmet(seg, target, scope.tokens, entry_target, len(original)))
 
         snap = ctx.snapshot(label="before compress", actor=actor)
@@ -358,7 +359,9 @@ class RuleDrivenCompressor:
         report = {"triggers": fired, "snapshot_id": snap.id, "tokens_before": scope.tokens,
                   "entries_affected": len(changes), "compaction_key": compaction_key, "target_tokens": target,
                   "folded": len(folded), "dropped": list(dropped), "source": source,
-                  "attention_before": before.to_dict()}
+                  "attention_before": before.to_dict(),
+                  **({"rules_declined": [{"pattern": rules[n].pattern, "action": rules[n].action, **dict(d)}
+                                         for n, d in sorted(declined.items())]} if declined else {})}
         changes, counted = _frozen_counted(changes, tok)
         event = ctx.apply_changes(changes, kind="compress", actor=actor, tokens=counted,
                                   data={**report, "tokens_after": sum(tok(v) for _, v in final) + working_tokens})
@@ -370,10 +373,11 @@ class RuleDrivenCompressor:
             snapshot_id=snap.id, triggers=fired, attention_before=before, attention_after=after_score,
             missing_paths=missing, compaction_key=compaction_key, target_tokens=target,
             target_met=_met(tokens_after, len(ctx.layer(Layer.HISTORY)), target, entry_target),
-            folded=folded, dropped=list(dropped), rules=_rule_report(rules, counts), event_seq=event.seq,
+            folded=folded, dropped=list(dropped), rules=_rule_report(rules, counts, declined), event_seq=event.seq,
             source=source, notes=[*self._unmet(seg, target, tokens_after, entry_target, len(ctx.layer(Layer.HISTORY))),
                                   *_grew(record is not None, scope.tokens, tokens_after, len(original),
-                                         len(ctx.layer(Layer.HISTORY)))])
+                                         len(ctx.layer(Layer.HISTORY))),
+                                  *_declined(rules, declined, original, folded)])
 
     def _unmet(self, seg: Segments, target: int | None, tokens: int, entry_target: int | None = None,
                entries: int = 0) -> list[str]:
@@ -781,8 +785,26 @@ def _met(tokens: int, entries: int, target: int | None, entry_target: int | None
     return (target is None or tokens <= target) and (entry_target is None or entries <= entry_target)
 
 
-def _rule_report(rules: Sequence[Any], counts: Sequence[int]) -> list[dict[str, Any]]:
-    return [{"pattern": r.pattern, "action": r.action, "entries": n} for r, n in zip(rules, counts)]
+def _rule_report(rules: Sequence[Any], counts: Sequence[int],
+                 declined: Mapping[int, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    return [{"pattern": r.pattern, "action": r.action, "entries": n,
+             **({"declined": dict(declined[i])} if declined and i in declined else {})}
+            for i, (r, n) in enumerate(zip(rules, counts))]
+
+
+def _declined(rules: Sequence[Any], declined: Mapping[int, Mapping[str, Any]], original: Sequence[tuple[str, Any]],
+              folded: Sequence[str]) -> list[str]:
+    """A ``count_only`` rule that made no counter (it would have cost more than it saved) leaves its
+    entries to the cliff, another strategy than the config asked for: say so, and what the fold took."""
+    out = []
+    gone = set(folded)
+    for n, d in sorted(declined.items()):
+        took = [k for k, v in original if k in gone and rules[n].matches(entry_kind(k, v), k)]
+        fate = (f"the cliff folded {len(took)} of its entries into the compaction summary instead (the ones "
+                "keepLast names too: only a counter keeps them out of a fold; preserveKeys keeps entries whole)"
+                if took else "its entries stay as they are")
+        out.append(f"{d['reason']} (a rule never makes HISTORY bigger); {fate}")
+    return out
 
 
 def after_activity(ctx: LayeredContext, config: ActivityExtensionConfig | None, *, actor: str = "compressor",

@@ -353,7 +353,8 @@ class InstanceView(InstanceDocument):
 
 class InstanceSummary(_Open):
     """One row of GET /api/instances, as `layerflow list --json` gives it."""
-    id: str
+    instance_id: str = Field(description="the instance, as every document that names one calls it")
+    id: str = Field(description="the same id, as the store names it (kept: added, never renamed)")
     process_id: str
     status: Status
     version: int

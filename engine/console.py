@@ -200,7 +200,7 @@ def _iso(t: float | None) -> str | None:
 def summary_of(instance: Instance) -> dict[str, Any]:
     """One row of the instances list."""
     return {
-        "id": instance.id, "process_id": instance.process_id, "status": instance.status,
+        "instance_id": instance.id, "id": instance.id, "process_id": instance.process_id, "status": instance.status,
         "version": instance.version, "started": _iso(instance.created), "updated": _iso(instance.updated),
         "waiting_for": [dict(w) for w in instance.waiting_for],
         "tokens_total": instance.main.token_report()["total"],

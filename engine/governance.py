@@ -997,7 +997,10 @@ class GovernanceService:
     def list_instances(self, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
         """Summaries, newest first; ``holders``: each with ``held_by`` (a lease lookup per row, so
         only for a listing someone reads)."""
-        rows = [dict(r) for r in self.engine.store.list() if status is None or r.get("status") == status]
+        # ``instance_id`` as every other document names the instance (``layerflow list --json`` too),
+        # beside the store's ``id``
+        rows = [{"instance_id": r["id"], **r} for r in self.engine.store.list()
+                if status is None or r.get("status") == status]
         if holders:
             for r in rows:
                 r["held_by"] = held_by(self.engine.store, r["id"], r["status"])

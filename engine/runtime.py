@@ -88,7 +88,7 @@ from .answer import answer_problems
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, config_file_changes, config_file_section_changes
-from .scope_steps import ABSENT, ScopeSteps, close_cancelled, close_open_branches, no_output_item
+from .scope_steps import ABSENT, MI_OWNERS_KEY, ScopeSteps, close_cancelled, close_open_branches, no_output_item
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut", "Unattended"]
@@ -2579,6 +2579,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         # a preScript on the activity (spiffworkflow:scriptsOnInstances off) runs first and may set
         # the input collection: it is required once the script ran (exec_script)
         data = self._multi_data(task, ctx, required=not getattr(spec, "prescript", None))
+        task.internal_data.pop(MI_OWNERS_KEY, None)  # whose values an earlier run of it brought (_merge_instance)
         ctx.begin_activity(bpmn_id, actor=bpmn_id)
         task.internal_data[spiff.MULTI_KEY] = True
         task.data = data

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +24,14 @@ from SpiffWorkflow.specs.Join import Join
 from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
+from context_layers.canonical import canonical_key
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import BRANCH_MARKERS, RECORD_PREFIXES, Snapshot
-from context_layers.errors import ActivityError, ContextWriteDenied
-from gateways.join import free_record_key, side_counters_told, single_counts, single_summaries, written_layer
+from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
+from gateways import MergedConflict, reduce_values, resolve_conflicts
+from gateways.conflicts import jsonable
+from gateways.join import (MERGED_CONFLICTS_KEY, base_json, free_record_key, side_counters_told, single_counts,
+                           single_summaries, written_layer)
 from gateways.splitter import ContextSplitter, branch_context_name
 
 from . import call_mappings, collaboration, events, spiff
@@ -38,6 +43,8 @@ if TYPE_CHECKING:
 
 
 ABSENT = object()
+# a multi-instance activity's internal data: key -> the id of the instance whose value its context holds
+MI_OWNERS_KEY = "instance_owners"
 
 
 def _json_safe(value: Any) -> Any:
@@ -173,6 +180,9 @@ class ScopeSteps:
         def _fork(self, task: Any, parent_name: str, parent: LayeredContext, gw: str,
                   cfg: ActivityExtensionConfig | None, taken: list[Any], at: Snapshot | None = None) -> None: ...
         def _in_workflow(self, name: str, workflow: Any) -> bool: ...
+        @contextmanager
+        def _noting_calls(self, client: Any, ctx: LayeredContext, element_id: str,
+                          purpose: str) -> Iterator[None]: ...
         def _set_conflicts(self, gw: str, records: list[dict[str, Any]], *, resolved: bool,
                            context: str, refire: bool = False) -> None: ...
 
@@ -453,18 +463,23 @@ class ScopeSteps:
                     index = task.internal_data.get("key_or_index", task.internal_data.get("item"))
                     err = no_output_item(mspec.bpmn_id, index, mspec.output_item)
                     self.abort_multi(multi, err)  # as when an instance's script fails
+                    task._set_state(TaskState.ERROR)  # so a resume runs the activity again (reset_failed)
                     raise err
                 else:
                     task.data = {out: thaw(value)}
             else:
-                # no output collection: what the instance changed reaches the activity (SpiffWorkflow
-                # merges each instance's data in turn)
+                # no output collection: what the instance changed reaches the activity, met with what
+                # the instances that ended before it brought (``_merge_instance``)
                 base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
                 changed = {k: thaw(v) for k, v in scope.resolved().items()
                            if not k.startswith(RECORD_KEY_PREFIXES) and k != item
                            and (k not in base or not json_equal(base[k], v))}
-                for key, value in changed.items():
-                    parent.write(Layer.WORKING, key, value, actor=bpmn_id)
+                try:
+                    self._merge_instance(multi, parent, str(info["branch_id"]), base, changed)
+                except MergeConflictError as err:
+                    self.abort_multi(multi, err)
+                    task._set_state(TaskState.ERROR)  # so a resume runs the activity again (reset_failed)
+                    raise
                 task.data = {}
         else:
             given: dict[str, Any] = {}
@@ -491,6 +506,98 @@ class ScopeSteps:
         info["status"] = "joined"
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
+    def _merge_instance(self, multi: Any, parent: LayeredContext, branch_id: str, base: Mapping[str, Any],
+                        changed: Mapping[str, Any]) -> None:
+        """Bring what an instance of multi-instance activity ``multi`` (a sub-process or call
+        activity without an output collection) changed into the activity's context, three-way as
+        a join does: against what the instance started from (``base``), a key that an instance
+        ended before it changed since (``MI_OWNERS_KEY`` says which) and this one changed to
+        another value is a conflict. Parallel instances each start from the activity's context,
+        so two of them deciding one key differently never silently keep the last one's value:
+        the activity's own join settings settle it (``reducers``, ``mergeStrategy`` with
+        ``branchPriority`` over the instances' ids ``ACTIVITY#N``, ``conflictPolicy``, the model);
+        with none that does, the activity fails naming every conflict. Sequential instances each
+        start from what the one before left, so they never conflict."""
+        bpmn_id = multi.task_spec.bpmn_id
+        owners: dict[str, str] = multi.internal_data.setdefault(MI_OWNERS_KEY, {})
+        cfg = self.process.config(bpmn_id) or ActivityExtensionConfig()
+        writes: dict[str, Any] = {}
+        conflicts: list[MergedConflict] = []
+        for key, value in changed.items():
+            now, was = parent.get(key, ABSENT), base.get(key, ABSENT)
+            other = owners.get(key, bpmn_id)
+            if key in cfg.reducers and not _same(now, was):  # two equal sums still add up
+                writes[key] = reduce_values(cfg.reducers[key], key, DELETED if was is ABSENT else thaw(was),
+                                            {other: thaw(now), branch_id: value})
+                owners[key] = bpmn_id
+                continue
+            if _same(now, was) or _same(now, value):
+                writes[key] = value
+                owners[key] = branch_id
+                continue
+            conflicts.append(MergedConflict(key, DELETED if was is ABSENT else thaw(was),
+                                            {other: thaw(now), branch_id: value}, layer=Layer.WORKING))
+        if conflicts:
+            arbiter = self.engine.arbiter_for(self.process, cfg.llm)
+            try:
+                with self._noting_calls(arbiter, parent, bpmn_id, "conflict_resolution"):
+                    outcome = resolve_conflicts(conflicts, config=cfg, variables=parent.resolved(),
+                                                gateway_id=bpmn_id, arbiter=arbiter,
+                                                arrival_order=[b for c in conflicts for b in c.conflicting_values])
+            except MergeConflictError as err:
+                self._note_instance_conflicts(parent, bpmn_id, [(c, None) for c in conflicts], [])
+                listed = "; ".join(f"{c.key!r}: " + ", ".join(f"{b} {_plain(v)!r}" for b, v in
+                                                              c.conflicting_values.items()) for c in conflicts)
+                failed = MergeConflictError(
+                    f"multi-instance activity {bpmn_id!r}: its parallel instances changed {len(conflicts)} key(s) "
+                    f"differently ({listed}), and nothing settles it ({str(err).splitlines()[0]}). Each instance "
+                    "runs in a scope of its own, as a parallel branch does, so the last one's value is never "
+                    f"taken silently: give {bpmn_id!r} a mergeStrategy (LAST_WRITER_WINS, BRANCH_PRIORITY with "
+                    f"branchPriority over {bpmn_id}#1, {bpmn_id}#2, ...), reducers for the key(s) or a conflictPolicy "
+                    "rule in its config, or collect what each instance decides in its output item "
+                    "(loopDataOutputRef and outputDataItem)", conflicts=err.conflicts, gateway_id=bpmn_id)
+                failed.task_id = bpmn_id  # type: ignore[attr-defined]  # the instance's error names the activity
+                raise failed from err
+            for conflict, resolution in outcome.resolved:
+                writes[conflict.key] = resolution.value
+                owners[conflict.key] = next((b for b, v in conflict.conflicting_values.items()
+                                             if json_equal(v, resolution.value)), bpmn_id)
+            self._note_instance_conflicts(parent, bpmn_id, outcome.resolved, outcome.steps)
+        for key, value in writes.items():
+            parent.write(Layer.WORKING, key, value, actor=bpmn_id)
+
+    def _note_instance_conflicts(self, parent: LayeredContext, bpmn_id: str,
+                                 pairs: Sequence[tuple[MergedConflict, Any]], steps: Sequence[Any]) -> None:
+        """The conflicts of a multi-instance activity's instances, as a join reports its own: on the
+        tape (``conflict``, ``resolution``), in ``_mergedConflicts`` once settled, in ``conflicts``."""
+        for conflict, _ in pairs:
+            data = conflict.to_dict()
+            if conflict.base_value is DELETED:
+                data.update(base_value=None, base_absent=True)
+            parent.record("conflict", actor=bpmn_id, data={"gateway_id": bpmn_id, **data})
+        for step in steps:
+            parent.record("resolution", actor=bpmn_id, data={"gateway_id": bpmn_id, **step.to_dict()})
+        records = [{"gateway_id": bpmn_id, "layer": str(Layer.WORKING), "key": c.key, "base_value": base_json(c.base_value),
+                    "values": {b: jsonable(v) for b, v in c.conflicting_values.items()},
+                    "resolution": None if r is None else r.to_dict(),
+                    **({"base_absent": True} if c.base_value is DELETED else {})} for c, r in pairs]
+        # as a join reports them: a report of an earlier run of the activity (it failed on them, and
+        # runs again) is replaced, not listed beside the new one
+        self._set_conflicts(bpmn_id, records, resolved=all(r["resolution"] is not None for r in records),
+                            context=parent.name)
+        settled = [r for r in records if r["resolution"] is not None]
+        if settled:
+            target = Layer.HISTORY if MERGED_CONFLICTS_KEY in parent.layer(Layer.HISTORY) else Layer.WORKING
+            before = parent.layer(target).get(MERGED_CONFLICTS_KEY)
+            log = [*(thaw(before) if isinstance(before, (list, tuple)) else []), *(
+                {"gatewayId": bpmn_id, "layer": r["layer"], "key": r["key"], "baseValue": r["base_value"],
+                 **({"baseAbsent": True} if r.get("base_absent") else {}),
+                 "conflictingValues": list({canonical_key(v): v for v in r["values"].values()}.values()),
+                 "values": r["values"], "sourceBranches": list(r["values"]), "resolution": r["resolution"]}
+                for r in settled)]
+            parent.apply_changes([(target, MERGED_CONFLICTS_KEY, log)], kind="instance_merge", actor=bpmn_id,
+                                 data={"activity": bpmn_id, "conflicts": len(settled)})
 
     def _in_scope(self, task: Any, name: str, script: str) -> bool:
         """Run ``script`` of ``task`` (an instance of a multi-instance call activity) in its scope

@@ -60,7 +60,8 @@ not make ``report.ok`` false:
 ``join_config_on_non_join`` W         join settings (``mergeStrategy`` other than the default,
                                       ``branchPriority``, ``reducers``, ``conflictPolicy``) on a
                                       task, an event or a gateway that only splits: the engine
-                                      reads them at a join only
+                                      reads them at a join only (and on a parallel multi-instance
+                                      sub-process or call activity, whose instances meet as branches)
 ``scope_config_not_read`` W           compression settings (without a pre- or postScript) or ``knowledgeConfig``
                                       on a sub-process or call activity: its steps follow their own configs
 ``config_id_mismatch`` W              ``activityId`` / ``gatewayId`` inside a config names another
@@ -101,6 +102,8 @@ not make ``report.ok`` false:
                                       retrieval expression, a message's ``spiffworkflow:messagePayload``, an
                                       event's ``payloadExpression``) is not valid Python; one
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
+``policy_key_never_written`` W        a join's ``conflictPolicy`` rule or ranking for a key nothing in the
+                                      process writes (a misspelt key: the nearest known one is named)
 ``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
                                       policy can evaluate (a syntax error, a call or name outside the safe
                                       subset): the join would stop the instance with it
@@ -634,6 +637,7 @@ class _Validator:
         self._check_injects(config)
         self._check_model_limits(config)
         self._check_policy_rules()
+        self._check_policy_keys(config)
         self._check_confirm_defaults()
         self._check_join_fields()
         self._check_scope_fields()
@@ -1583,6 +1587,8 @@ class _Validator:
                              line=src.line_of("branches", i, "id"), element_id=src.element_id,
                              field=f"branches.{i}.id")
             for i, bid in enumerate(cfg.branch_priority):
+                if _instance_id_of(bid, node) is not None:
+                    continue  # an instance of this parallel multi-instance scope (``ACTIVITY#N``)
                 if bid not in self.nodes:
                     self.add("branch_priority_unknown_id", f"branchPriority names {bid!r}, which is no element of "
                              f"the process{_did_you_mean(bid, sorted(self.nodes))}; list the ids of the branches' "
@@ -1738,6 +1744,8 @@ class _Validator:
             if node is None or (node.tag.endswith("Gateway") and not (
                     len(_incoming(node.element)) <= 1 < len(_outgoing(node.element)))):
                 continue
+            if _parallel_multi_scope(node):
+                continue  # its instances merge as a join's branches do (ScopeSteps._merge_instance)
             cfg = src.config
             fields = [name for name, value in (
                 ("mergeStrategy", cfg.merge_strategy != "MERGE_WITH_CONFLICT_DETECT"),
@@ -2562,18 +2570,24 @@ class _Validator:
         elements, the config files, the DMN files and the files the BPMN names beside it (forms);
         not the conditions that read names, nor documentation. None (nothing is reported) when a
         handler or a model with no output keys writes keys not known here."""
-        if self._setters is not None:
-            return self._setters or None
+        if self._setters is None:
+            text = self._setter_text(configs=True)
+            self._setters = text if text is not None else ""
+        return self._setters or None
+
+    def _setter_text(self, *, configs: bool) -> str | None:
+        """``_condition_names_set``'s text, with the config files' text or without it (None: a handler,
+        a model with no output keys or a formless task writes keys not known here)."""
         if any(src.config.handler or (src.config.llm is not None and not src.config.llm.output_keys
                                       and not src.config.llm.output_schema) for src in self.sources) \
                 or any(_formless_task(el) for doc in self.docs if doc.root is not None
                        for tag in ("userTask", "manualTask") for el in doc.root.iter(_bpmn(tag))):
-            self._setters = ""  # a person's answer to a task with no form: any key
-            return None
+            return None  # a person's answer to a task with no form: any key
         reads = {"conditionExpression", "condition", "completionCondition", "loopCardinality", "loopCondition",
                  "documentation", "text"}
         parts: list[str] = []
-        files: set[Path] = {*self._config_paths, *(f.path for f in self.dmn_files if getattr(f, "path", None))}
+        files: set[Path] = {*(self._config_paths if configs else ()),
+                            *(f.path for f in self.dmn_files if getattr(f, "path", None))}
         for doc in self.docs:
             if doc.root is None:
                 continue
@@ -2595,8 +2609,52 @@ class _Validator:
                 parts.append(Path(path).read_text(errors="replace"))
             except OSError:
                 continue
-        self._setters = "\n".join(parts) or " "
-        return self._setters
+        return "\n".join(parts) or " "
+
+    def _check_policy_keys(self, config: ProcessConfigFile | None) -> None:
+        """A join's ``conflictPolicy`` rule (or ranking) for a key nothing in the process writes never
+        applies: most likely a misspelt key. Only a warning: the key may come from outside (the start
+        data, a message's payload, an inject). What writes keys here: the BPMN's scripts, forms, mappings
+        and decisions (``_setter_text`` without the config files, which name the rule's key themselves),
+        and of the configs the models' outputKeys and outputSchema properties, contextInject, SYSTEM and
+        the data layers' keys. Nothing is reported when a handler writes keys not known here."""
+        if not any(src.config.conflict_policy is not None for src in self.sources):
+            return
+        text = self._setter_text(configs=False)
+        if text is None:
+            return
+        known: set[str] = set(config.system) | set(config.data_layers) if config is not None else set()
+        for src in self.sources:
+            cfg = src.config
+            if cfg.llm is not None:
+                known.update(cfg.llm.output_keys)
+                props = (cfg.llm.output_schema or {}).get("properties")
+                known.update(props if isinstance(props, Mapping) else ())
+            for branch in cfg.branches:
+                known.update(branch.context_inject)
+        words = set(re.findall(r"[A-Za-z_][\w.-]*", text)) | known
+
+        def written(key: str) -> bool:
+            return key in known or re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", text) is not None
+
+        for src in self.sources:
+            policy = src.config.conflict_policy
+            if policy is None:
+                continue
+            found: list[tuple[str, tuple[str | int, ...], str]] = [
+                (f"rule {i}", ("conflictPolicy", "rules", i, "key"), rule.key) for i, rule in enumerate(policy.rules)]
+            found += [(f"ranking {key!r}", ("conflictPolicy", "rankings", key), key) for key in policy.rankings]
+            for what, path, key in found:
+                if written(key) or key.startswith("_"):
+                    continue
+                self.add("policy_key_never_written",
+                         f"conflictPolicy {what} of join {src.element_id!r} is for key {key!r}, which nothing in the "
+                         "process writes (no script, form field, data mapping, decision, model outputKeys or "
+                         f"contextInject names it){_did_you_mean(key, words - {key})}: it settles a conflict on "
+                         f"{key!r} only, and none can arise unless {key!r} comes from outside (the start data, "
+                         "--data, a message's payload); check its spelling", file=src.file,
+                         line=src.line_of(*path), element_id=src.element_id, field=".".join(map(str, path)),
+                         severity="warning")
 
     def _called_elsewhere(self, call: Any) -> str:
         """Where another modeler names the process a call activity without calledElement calls, and
@@ -4956,6 +5014,24 @@ def _scope_index(scope: Any) -> tuple[dict[str, Any], dict[str, list[Any]], dict
             by_source.setdefault(el.get("sourceRef"), []).append(el)
             by_target.setdefault(el.get("targetRef"), []).append(el)
     return by_id, by_source, by_target
+
+
+def _parallel_multi_scope(node: Any) -> bool:
+    """A sub-process or call activity whose instances run in parallel, each in a scope of its own:
+    what they change meets at its end as a join's branches do, by its own join settings."""
+    if node.tag not in ("subProcess", "callActivity", "transaction"):
+        return False
+    loop = next((c for c in node.element if isinstance(c.tag, str)
+                 and c.tag.endswith("}multiInstanceLoopCharacteristics")), None)
+    return loop is not None and loop.get("isSequential", "false").strip().lower() != "true"
+
+
+def _instance_id_of(bid: str, node: Any) -> int | None:
+    """N of ``ACTIVITY#N`` when ``bid`` names an instance of ``node``, a parallel multi-instance scope."""
+    head, sep, number = bid.rpartition("#")
+    if not sep or head != node.id or not number.isdigit() or not _parallel_multi_scope(node):
+        return None
+    return int(number)
 
 
 def _incoming(node: Any) -> list[Any]:

@@ -179,7 +179,9 @@ def test_a_join_that_fires_twice_at_once_asks_twice_and_each_answer_settles_its_
 
 def test_each_instance_of_a_multi_instance_sub_process_asks_about_its_own_join(cli, tmp_path: Path) -> None:
     """A parallel multi-instance sub-process whose inner join meets a conflict in every instance:
-    one question per instance (``mpj/x``, ``mpj/x#2``), each answered by its id."""
+    one question per instance (``mpj/x``, ``mpj/x#2``), each answered by its id. The instances'
+    answers then differ too, and meet as a join's branches (round 35): the activity's
+    ``branchPriority`` keeps the second's, what plain SpiffWorkflow's last writer gives."""
     inner = "\n".join(['<bpmn:startEvent id="ms"/>',
                        *split_join("mps", "mpj", {"m1": script("m1", "x = item * 10"),
                                                   "m2": script("m2", "x = item * 100")}),
@@ -190,6 +192,8 @@ def test_each_instance_of_a_multi_instance_sub_process_asks_about_its_own_join(c
         '<bpmn:loopDataInputRef>items</bpmn:loopDataInputRef><bpmn:inputDataItem id="item"/>'
         f'</bpmn:multiInstanceLoopCharacteristics>{inner}</bpmn:subProcess>',
         '<bpmn:endEvent id="end"/>', *chain("start", "init", "each", "end")])
+    (tmp_path / "mi_joins.layerflow.yaml").write_text(
+        "each:\n  mergeStrategy: BRANCH_PRIORITY\n  branchPriority: ['each#2', 'each#1']\n")
     doc = cli("run", str(path), code=3)
     options = {c["id"]: [o["value"] for o in c["options"]] for c in doc["confirmations"]}
     assert options == {"mpj/x": [10, 100, "$escalate"], "mpj/x#2": [20, 200, "$escalate"]}
@@ -203,7 +207,10 @@ def test_each_instance_of_a_multi_instance_sub_process_asks_about_its_own_join(c
     assert sorted(json.dumps(c["values"]) for c in doc["conflicts"]) == [
         json.dumps({"m1": 10, "m2": 100}), json.dumps({"m1": 20, "m2": 200})]
     done = cli("resume", doc["instance_id"], "--answer", "mpj/x#2=200", "--answer", "mpj/x=10", code=0)
-    assert sorted((c["values"]["m1"], c["resolution"]["value"]) for c in done["conflicts"]) == [(10, 10), (20, 200)]
+    assert sorted((c["values"]["m1"], c["resolution"]["value"])
+                  for c in done["conflicts"] if c["gateway_id"] == "mpj") == [(10, 10), (20, 200)]
+    [met] = [c for c in done["conflicts"] if c["gateway_id"] == "each"]
+    assert met["values"] == {"each#1": 10, "each#2": 200} and met["resolution"]["resolver"] == "strategy"
     _, plain = run_plain(path, {}, {})  # SpiffWorkflow: the last instance's data wins (its m2 ran last)
     assert data_of(done)["x"] == plain["x"] == 200
     check_tape_and_replay(cli, done)

@@ -271,13 +271,16 @@ def test_the_campaign_is_refused_naming_the_called_process_and_the_collection_to
 def test_the_campaign_edited_calls_the_letter_process_once_per_item(tmp_path: Path) -> None:
     """Each call sees its item; the call activity's zeebe:input (itemList = null, "provide empty
     list" to each call) runs in each instance and, as the README says (no task-local scope), stays
-    after the calls, where Camunda 8 would drop it."""
+    after the calls, where Camunda 8 would drop it. Each call writes its own ``letter``: parallel
+    instances deciding one key differently meet as a join's branches (round 35), so the call
+    activity says which stays (here: the last to end, as before)."""
     path = rewritten(tmp_path, CAMPAIGN, [
         ('name="Letter processing">', 'name="Letter processing" calledElement="letterProcess">'),
         ('inputElement="itemId" />\n        </bpmn:extensionElements>',
          'inputElement="itemId" />\n        </bpmn:extensionElements>\n'
          '        <bpmn:loopDataInputRef>itemList</bpmn:loopDataInputRef>\n'
          '        <bpmn:inputDataItem id="itemId" name="itemId"/>')])
+    (tmp_path / f"{path.stem}.layerflow.yaml").write_text("Activity_1qvfx0i:\n  mergeStrategy: LAST_WRITER_WINS\n")
     assert [c for c, severity, _ in codes([path, LETTER], "CampaignProcess") if severity == "error"] == []
     assert "bpmn_schema" not in [c for c, _, _ in codes([path, LETTER], "CampaignProcess")]
     seen: list[str] = []
@@ -292,6 +295,8 @@ def test_the_campaign_edited_calls_the_letter_process_once_per_item(tmp_path: Pa
     assert instance.status == "completed", instance.error
     assert sorted(seen) == ["c-1", "c-2", "c-3"]
     assert variables(instance.main)["itemList"] is None
+    assert {c["key"] for c in instance.conflicts} == {"letter"}
+    assert all(c["resolution"]["resolver"] == "strategy" for c in instance.conflicts)
 
 
 # -- Camunda 7's external-task order process: a cron cycle, a conditional boundary event ------------
