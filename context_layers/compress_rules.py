@@ -89,14 +89,29 @@ class RuleOutcome:
 
 
 class SummaryCache:
-    """Calls a summarizer once per (text, max_tokens) within one compression."""
+    """Calls a summarizer once per (text, max_tokens) within one compression.
+
+    ``offline_keys``: the keys whose values the summarizer may not be shown (a model's, for keys
+    named like secrets): a ``summarize`` rule's text of such an entry is its value alone, with no
+    name saying what it is, so it is summarized offline (``ExtractiveSummarizer``) instead."""
 
     def __init__(self, summarizer: Summarizer | None = None, *, encoding: str = DEFAULT_ENCODING,
-                 prefix_messages: Callable[[], Sequence[Mapping[str, str]] | None] | None = None) -> None:
+                 prefix_messages: Callable[[], Sequence[Mapping[str, str]] | None] | None = None,
+                 offline_keys: Callable[[str], bool] | None = None) -> None:
         self.summarizer = as_summarizer(summarizer) or ExtractiveSummarizer(encoding=encoding)
         self.encoding = encoding
         self._prefix = prefix_messages
         self._memo: dict[tuple[str, int], str] = {}
+        self._offline_keys = offline_keys
+        self._offline: SummaryCache | None = None
+
+    def entry(self, key: str, text: str, max_tokens: int) -> str:
+        """The summary of the entry ``key`` (its text): offline for an ``offline_keys`` key."""
+        if self._offline_keys is None or not self._offline_keys(key):
+            return self(text, max_tokens)
+        if self._offline is None:
+            self._offline = SummaryCache(encoding=self.encoding)
+        return self._offline(text, max_tokens)
 
     def __call__(self, text: str, max_tokens: int) -> str:
         key = (text, max_tokens)
@@ -406,7 +421,13 @@ def _summarized(key: str, value: Any, max_tokens: int, summarize: Callable[[str,
             if v is not None and not isinstance(v, (dict, list)):
                 out[f] = v
     out["_compressed"] = "summarize"
-    out["summary"] = summarize(value_text(value), max_tokens)
+    if count_value(value, encoding) <= count_value({**out, "summary": ""}, encoding):
+        # no summary makes it smaller (it is replaced only by fewer tokens): a model is not asked
+        # to summarize a status, a flag or a count, each time with the whole request as its prefix
+        return None
+    text = value_text(value)
+    out["summary"] = summarize.entry(key, text, max_tokens) if isinstance(summarize, SummaryCache) \
+        else summarize(text, max_tokens)
     return out
 
 

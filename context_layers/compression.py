@@ -198,13 +198,16 @@ class RuleDrivenCompressor:
     in the engine's hook after an activity and its governance service, where the next
     step reads what the activity just wrote. ``summary_tokens``: the compaction
     summary budget (default: a quarter of the token target, within 64..1024; 256
-    without a target).
+    without a target). ``offline_keys``: keys whose values the summarizer may not read (the
+    engine's model, for keys named like secrets): a ``summarize`` rule summarizes them offline.
     """
 
     def __init__(self, summarizer: Summarizer | None = None, *, keep_recent: int = 0,
                  recent_activities: int = RECENT_ACTIVITIES, prefix: PrefixFn | None = None,
-                 summary_tokens: int | None = None, detector: CompressTriggerDetector | None = None) -> None:
+                 summary_tokens: int | None = None, detector: CompressTriggerDetector | None = None,
+                 offline_keys: Callable[[str], bool] | None = None) -> None:
         self.summarizer = as_summarizer(summarizer)
+        self.offline_keys = offline_keys
         self.keep_recent = max(0, keep_recent)
         self.recent_activities = recent_activities
         self.prefix = prefix
@@ -265,7 +268,8 @@ class RuleDrivenCompressor:
         counts = [0] * len(rules)
         prefix = self.prefix
         summarize = SummaryCache(self.summarizer, encoding=enc,
-                                 prefix_messages=(lambda: prefix(ctx)) if prefix is not None else None)
+                                 prefix_messages=(lambda: prefix(ctx)) if prefix is not None else None,
+                                 offline_keys=self.offline_keys)
         # Ownership is read before the rules run: a rule may remove activity records
         # (count_only on "activity:*"), and their entries still belong to them.
         seg = scope.segments

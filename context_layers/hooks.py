@@ -141,8 +141,19 @@ def _redact_value(value: Any, patterns: tuple[str, ...], replacement: Any, fold:
             # resolution): only its identity shows
             return {k: _redact_value(v, patterns, replacement, fold, True) if isinstance(v, (Mapping, list, tuple))
                     else v if k in _RECORD_IDENTITY else replacement for k, v in value.items()}
-        return {k: replacement if _matches(k, patterns, fold) else _redact_value(v, patterns, replacement, fold)
-                for k, v in value.items()}
+        out = {k: replacement if _matches(k, patterns, fold) else _redact_value(v, patterns, replacement, fold)
+               for k, v in value.items()}
+        if _summary_record(value):
+            # the compressor wrote the folded entries as ``name: value`` text: a secret key's value
+            # is in that text now, where no key names it
+            for name in _SUMMARY_TEXT_FIELDS:
+                text = out.get(name)
+                if isinstance(text, str):
+                    out[name] = _redact_pairs(text, patterns, fold, replacement)
+                elif isinstance(text, list):
+                    out[name] = [_redact_pairs(t, patterns, fold, replacement) if isinstance(t, str) else t
+                                 for t in text]
+        return out
     if isinstance(value, (list, tuple)):
         return [_redact_value(v, patterns, replacement, fold, secret) for v in value]
     if secret:
@@ -235,7 +246,11 @@ def secret_key(key: str, setting: RedactSetting = True) -> bool:
 
 # ``name: value`` pairs of the text a compression summarizes (``summarize.value_text`` lines, joined
 # by "; " in a compaction's lines): a dotted name, its value up to the next pair or line end
-_PAIR = re.compile(r"(^|; )([^\s:;][^:;\n]*?): ([^\n]*?)(?=; [^\s:;][^:;\n]*?: |\n|$)", re.MULTILINE)
+# (a name may hold a colon not followed by a space: ``tool:fetch: result.token: ...``, a record's key
+# before the paths kept of it)
+_NAME = r"[^\s:;](?:[^:;\n]|:(?! ))*?"
+_PAIR = re.compile(rf"(^|; )({_NAME}): ([^\n]*?)(?=; {_NAME}: |\n|$)", re.MULTILINE)
+_LEAD = re.compile(rf"({_NAME}): ")
 
 
 def redact_lines(text: str, setting: RedactSetting = True) -> str:
@@ -243,10 +258,40 @@ def redact_lines(text: str, setting: RedactSetting = True) -> str:
     summarize) the values of names, or dotted paths with a part, named like a secret."""
     if setting is False:
         return text
+    text = _redact_pairs(text, SECRET_PATTERNS, True, REDACTED)
+    extra = _extra(setting)
+    return redact_text(_redact_pairs(text, extra, False, REDACTED) if extra else text, setting)
+
+
+# the fields of a compressor's record that hold the ``name: value`` text of what it folded: a
+# ``compaction:<n>`` record's summary and kept lines, a ``summarize`` rule's summary in place
+_SUMMARY_TEXT_FIELDS = ("summary", "kept")
+
+
+def _summary_record(value: Mapping[str, Any]) -> bool:
+    return value.get("kind") == "compaction" or value.get("_compressed") == "summarize"
+
+
+def _redact_pairs(text: str, patterns: tuple[str, ...], fold: bool, replacement: Any) -> str:
+    """In ``name: value`` lines, the values of names (or of a part of a dotted path) that match."""
+    mark = replacement if isinstance(replacement, str) else REDACTED
+
+    def hidden(name: str) -> bool:
+        return _matches(name, patterns, fold) or any(_matches(part, patterns, fold) for part in name.split("."))
 
     def pair(m: re.Match[str]) -> str:
-        name = m.group(2)
-        hidden = secret_key(name, setting) or any(secret_key(part, setting) for part in name.split("."))
-        return f"{m.group(1)}{name}: {REDACTED}" if hidden else m.group(0)
+        out, name, value, at = [m.group(1)], m.group(2), m.group(3), 0
+        while True:
+            out.append(f"{name}: ")
+            if hidden(name):
+                out.append(mark)
+                break
+            # a value that is itself ``name: value`` (a kept line: the key, then the paths kept of it)
+            inner = _LEAD.match(value, at)
+            if inner is None:
+                out.append(value[at:])
+                break
+            name, at = inner.group(1), inner.end()
+        return "".join(out)
 
-    return redact_text(_PAIR.sub(pair, text), setting)
+    return _PAIR.sub(pair, text)

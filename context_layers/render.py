@@ -57,6 +57,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .canonical import canonical_json
+from .compress_rules import count_key
 from .context import ENGINE_RECORD_PREFIXES, MERGED_CONFLICTS_KEY, Entry, LayeredContext, SelectHook, View, run_hooks
 from .layers import Layer
 from .markers import DELETED
@@ -369,7 +370,9 @@ def _xml_value(value: Any) -> tuple[str, str]:
 # the kinds of the engine's own records, each only under its key prefix: an object that calls itself
 # ``"kind": "compaction"`` (or "activity", "event") under another key is a person's or a model's data,
 # and its kind is no identity the model is told to trust (the value, in its CDATA, still says it)
-_RECORD_KIND_PREFIX = {prefix[:-1]: prefix for prefix in ENGINE_RECORD_PREFIXES}
+# (and the compressor's ``count_only`` counters, ``summary:count:<pattern>``: an object calling itself
+# ``"kind": "count"`` elsewhere would tell the model that entries were dropped that never were)
+_RECORD_KIND_PREFIX = {**{prefix[:-1]: prefix for prefix in ENGINE_RECORD_PREFIXES}, "count": count_key("")}
 
 
 def _entry_kind(e: Entry) -> str:

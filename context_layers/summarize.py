@@ -140,7 +140,9 @@ def value_text(value: Any, *, _path: str = "") -> str:
         if value.get("_compressed") == "summarize" and isinstance(summary, str):
             return summary
         lines = []
-        for k in value:
+        # in key order, as canonical JSON: a JSON object has none, and the same value must give the
+        # same summary (and the same text to the model) whatever order its keys were written in
+        for k in sorted(value):
             if k in _META:
                 continue
             path = f"{_path}.{k}" if _path else k

@@ -457,7 +457,9 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
                                                                "caught_at": c.event_id, "key": key, "reason": why})
                 raise _refused_at(ContextWriteDenied(key, Layer.WORKING, held if held is not None and
                                                      held < Layer.WORKING else Layer.WORKING, why), c, kind, name)
-        writes.append((c, ctx, values))
+        # in key order: a JSON object has none, and the same payload must make the same HISTORY
+        # (and send the same bytes to the next model) whatever order its sender wrote the keys in
+        writes.append((c, ctx, dict(sorted(values.items()))))
     for c, ctx, values in writes:
         if any(ctx.check_write(Layer.WORKING, key)[1] is not None for key in values):
             try:

@@ -1266,7 +1266,9 @@ class GovernanceService:
             try:
                 for key in args.values:
                     refuse_engine_key(ctx, args.layer, key)
-                for key, value in args.values.items():  # the layer rules first: a SYSTEM key is denied, always
+                # the layer rules first: a SYSTEM key is denied, always; in key order, as a JSON object has
+                # none (the same values make the same HISTORY and the same bytes for the next model)
+                for key, value in sorted(args.values.items()):
                     written[key] = str(ctx.write(args.layer, key, value, actor=actor))
             except ContextWriteDenied as err:
                 err.context = ctx.name  # the refusal goes on the tape of the context it was meant for

@@ -30,7 +30,8 @@ as ``<model>#compression_plan`` (their prompt is their own).
 The activity's ``redact`` config holds here too: the prefix is the activity's redacted request
 and the text to summarize has its secrets hidden (``redact_lines``: the values of secret-named
 keys and fields, the secrets written inside any text), so a
-model's summary never holds a secret the model was not shown.
+model's summary never holds a secret the model was not shown. A ``summarize`` rule's entry under a
+key named like a secret is summarized offline: its text is the value alone, no name to hide it by.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from context_layers.compression_plan import CompressionPlanRejected, execute_pla
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext
 from context_layers.errors import ModelError
-from context_layers.hooks import RedactSetting, redact_lines
+from context_layers.hooks import RedactSetting, redact_lines, secret_key
 from context_layers.summarize import ExtractiveSummarizer
 
 from .llm import Completion, LiteLLMPlanner, LiteLLMSummarizer, RetryPolicy, activity_request, call_recorder
@@ -94,6 +95,9 @@ class ModelCompressor(RuleDrivenCompressor):
         self.planner.on_attempt = call_recorder(
             ctx, task_id=task_id, endpoint=self.planner.endpoint, attempts=self.planner.attempts, actor=task_id,
             agent=self.planner.endpoint.model + PLAN_AGENT_SUFFIX, purpose="compression_plan")
+        # a summarize rule sends an entry's value alone, under no name: a secret key's value would go
+        # to the model as plain text (the rendered request hides it whole, by its key)
+        kwargs.setdefault("offline_keys", lambda key: secret_key(key, redact))
         super().__init__(_FallbackSummarizer(self, ctx.encoding), prefix=self.request_prefix, **kwargs)
 
     def request_prefix(self, ctx: LayeredContext) -> Sequence[Mapping[str, str]]:
@@ -185,4 +189,5 @@ def model_summaries(ctx: LayeredContext, *, task_id: str, model: str, llm_config
     model's, on the step's own request (the prefix its next turn shares), extractive only when the
     model fails (``compression_model_failed``), as after the activity."""
     owner = ModelCompressor(ctx, task_id=task_id, model=model, llm_config=llm_config, redact=redact)
-    return RuleDrivenCompressor(owner.summarizer, prefix=owner.request_prefix, keep_recent=HOOK_KEEP_RECENT)
+    return RuleDrivenCompressor(owner.summarizer, prefix=owner.request_prefix, keep_recent=HOOK_KEEP_RECENT,
+                                offline_keys=owner.offline_keys)

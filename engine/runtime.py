@@ -845,7 +845,7 @@ class Engine:
         # a branch already merged (or cancelled) is read by nothing, and a context whose branches
         # are open is merged against its split snapshot: a write there would reach nothing
         GovernanceService._writable(instance, ctx, "inject", values)
-        for key, value in values.items():
+        for key, value in sorted(values.items()):  # in key order: a JSON object has none
             ctx.write(layer, key, value, actor=actor)
         self._save(instance)
         return instance
@@ -2336,6 +2336,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
         given = self._check_form(task, dict(data or {}), actor)
         self._check_user_data(task, given, actor)
         self._check_output_item(task, given, actor)
+        # in key order, as the start data and a model's answer: a JSON object has none, and the same
+        # answer (from the CLI, the REST API or the console) must send the same bytes to the next model
+        given = dict(sorted(given.items()))
         self.user_data[str(task.id)] = given
         note: dict[str, Any] = {"task_id": spiff.bpmn_id_of(task), "keys": list(given)}
         which = self._instance_of(task).get("instance")

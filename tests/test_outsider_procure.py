@@ -357,7 +357,7 @@ def test_incident_response_through_the_cli(store: str) -> None:
     assert compression["tokens_after"] < compression["tokens_before"]
     assert doc["tokens"]["L3"] < 400 < compression["tokens_before"]
     record = history[compression["compaction_key"]]
-    assert record["kept"] == [f"tool_call_result_{n}: status: ok; data.id: LOG-{n}" for n in range(3)]
+    assert record["kept"] == [f"tool_call_result_{n}: data.id: LOG-{n}; status: ok" for n in range(3)]
     assert not any(k.startswith("tool_call_result") for k in history)
     assert "paged" not in history and "tool_call_result_0" in compression["folded"]
     assert {r["pattern"]: r["entries"] for r in compression["rules"]} == {"tool_call_result": 3, "reasoning_chain": 1}

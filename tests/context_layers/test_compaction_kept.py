@@ -19,7 +19,8 @@ from context_layers.compression_plan import CompressionPlan, execute_plan
 from context_layers.summarize import ExtractiveSummarizer
 from context_layers.tokens import count_text
 
-LINES = ["tool_call_result_1: status: ok; data.id: SRC-1", "tool_call_result_2: status: ok; data.id: SRC-2"]
+# in key order (summarize.value_text): the same object in another key order gives the same lines
+LINES = ["tool_call_result_1: data.id: SRC-1; status: ok", "tool_call_result_2: data.id: SRC-2; status: ok"]
 
 
 def activity(ctx: LayeredContext, task: str, writes: dict[str, Any], preserve: tuple[str, ...] = ()) -> None:
@@ -104,7 +105,7 @@ def test_a_later_compaction_carries_the_earlier_kept_lines_verbatim() -> None:
     assert again.compaction_key == "compaction:2" and "compaction:1" not in history
     record = history["compaction:2"]
     assert record["kept"][:2] == LINES
-    assert "tool_call_result_3: status: ok; data.id: SRC-3" in record["kept"]
+    assert "tool_call_result_3: data.id: SRC-3; status: ok" in record["kept"]
     assert record["tokens_after"] == again.tokens_after == scope_tokens(ctx)
     assert LayeredContext.replay(ctx.tape) == ctx
 
@@ -200,7 +201,7 @@ def test_the_summary_of_the_rest_makes_room_for_the_kept_lines() -> None:
         {"pattern": "error_retry_log", "action": "count_only", "keepLast": 1}]})
     result = RuleDrivenCompressor(summarizer).compress(ctx, config)
     record = ctx.layer(Layer.HISTORY)[result.compaction_key]
-    assert record["kept"] == [f"tool_call_result_{i}: status: ok; data.id: T{i}; data.summary: hit {i}"
+    assert record["kept"] == [f"tool_call_result_{i}: data.id: T{i}; data.summary: hit {i}; status: ok"
                               for i in range(6)]
     assert result.target_tokens == 320 and result.target_met and result.tokens_after <= 320
     assert "err_5" in ctx.layer(Layer.HISTORY) and "err_4" not in ctx.layer(Layer.HISTORY)
@@ -225,8 +226,9 @@ def test_a_cliff_over_a_list_of_rows_an_extract_keys_rule_reduced_keeps_every_ro
     result = after_activity(ctx, config)
     assert result is not None and "site_results" in result.folded
     record = ctx.layer(Layer.HISTORY)["compaction:1"]
-    assert record["kept"] == ["site_results: site: BER; accepted: true; site: PAR; accepted: true; site: MAD; "
-                              "accepted: false"]
+    # each row's fields in key order (summarize.value_text), as canonical JSON shows them
+    assert record["kept"] == ["site_results: accepted: true; site: BER; accepted: true; site: PAR; accepted: false; "
+                              "site: MAD"]
     assert record["tokens_after"] == result.tokens_after == scope_tokens(ctx) < result.tokens_before
     assert LayeredContext.replay(ctx.tape) == ctx
 

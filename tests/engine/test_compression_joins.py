@@ -437,6 +437,6 @@ def test_a_join_brings_a_branchs_compaction_with_what_its_rules_kept(tmp_path: P
     assert instance.status == "completed", instance.error
     history = instance.main.layer(Layer.HISTORY)
     (record,) = [v for k, v in history.items() if k.startswith("compaction:")]
-    assert record["kept"] == ["src_1: status: ok; data.id: SRC-1"] and "src_1" not in history
+    assert record["kept"] == ["src_1: data.id: SRC-1; status: ok"] and "src_1" not in history
     join = next(e for e in instance.main.tape if e.data.get("note") == "join")
     assert join.data["folded_values"]["src_1"]["data"]["body"].startswith("lorem")

@@ -144,7 +144,7 @@ def test_inject_writes_through_the_layer_rules(service, notes):
 
 @pytest.mark.parametrize("layer, key, denied", [
     ("L4", "policy", "policy"),  # a SYSTEM key, auto-promoted
-    ("L0", "new_key", "ok_key"),  # SYSTEM itself: the first key is denied already
+    ("L0", "new_key", "new_key"),  # SYSTEM itself: the first key (in key order) is denied already
     ("L4", "applicant", "applicant"),  # PROCESS is append-only
 ])
 def test_inject_denied_by_a_layer_rule_changes_nothing_and_is_recorded(service, notes, layer, key, denied):

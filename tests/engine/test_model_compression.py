@@ -262,8 +262,8 @@ def test_the_model_summarizes_the_rest_and_the_kept_lines_stay_verbatim(tmp_path
     ctx = instance.main
     record = ctx.layer(Layer.HISTORY)["compaction:1"]
     assert record["covers"][0] == "activity:gather"
-    assert record["kept"] == ["tool_call_result_1: status: ok; data.id: BUR-1",
-                              "tool_call_result_2: status: ok; data.id: BUR-2"]
+    assert record["kept"] == ["tool_call_result_1: data.id: BUR-1; status: ok",
+                              "tool_call_result_2: data.id: BUR-2; status: ok"]
     assert record["summary"] == "Gathered: twenty checks, all clean."
     (call,) = llm_calls(ctx, "summary")
     asked = request_messages(ctx.tape, call.seq)[-1]["content"]

@@ -518,7 +518,7 @@ def test_a_later_cliff_folds_the_site_reviews_and_keeps_every_sites_verdict(cli:
         "compile_reviews", "irb_approval", "token_threshold")
     assert "site_results" in second["folded"] and "site_results" not in history
     assert history["compaction:1"]["kept"] == [
-        "site_results: site: BER; accepted: true; site: PAR; accepted: true; site: MAD; accepted: false"]
+        "site_results: accepted: true; site: BER; accepted: true; site: PAR; accepted: false; site: MAD"]
     assert (history["amendment_version"], history["accepted_sites"], history["objections"]) == (2, ["BER", "PAR"],
                                                                                                 ["MAD"])
     assert history["notification"] == "Amendment 2 of CT-88 approved for BER, PAR"

@@ -462,8 +462,8 @@ def test_a_cliff_over_extracted_tool_results_keeps_every_extracted_value(cli: An
     doc = run_json(cli, "run", str(HERE / "content_review.bpmn"), "--data", json.dumps({"article_no": 7}))
     history = doc["layers"]["L3"]
     record = history["compaction:1"]
-    assert record["kept"] == ["tool_call_result_1: status: ok; data.id: SRC-1",
-                              "tool_call_result_2: status: ok; data.id: SRC-2"]
+    assert record["kept"] == ["tool_call_result_1: data.id: SRC-1; status: ok",
+                              "tool_call_result_2: data.id: SRC-2; status: ok"]
     assert record["covers"] == ["activity:fetch_sources"] and "tool_call_result_1" not in history
     (comp,) = doc["compressions"]
     assert record["tokens_after"] == comp["tokens_after"] < comp["tokens_before"]
