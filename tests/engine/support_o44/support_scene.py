@@ -1,0 +1,141 @@
+"""What the support escalation's worker tests share: a scene of their own on Redis DB 10 (a key prefix and a
+stream of one test's own, removed afterwards), real ``layerflow worker`` processes with the model behind the
+stub server, the CLI in this process (click's runner: litellm is imported once, in this process), and the
+ticket's inputs, given the same way to a worker run and to a memory:// run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent.parent
+PROCESS = HERE / "support_escalation.bpmn"
+REDIS = "redis://127.0.0.1:6379/10"
+MODEL = "openai/stub-model"
+START = {"ticket_id": "T-44", "customer": "ACME", "subject": "invoice export fails", "replies_sent": 0,
+         "reopen_count": 0}
+PRESERVED = ("severity", "sla_hours", "replies_sent", "reopen_count", "resolution")
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextmanager
+def scene(tmp_path: Path, stub_url: str) -> Iterator[dict[str, Any]]:
+    import redis
+
+    client = redis.Redis.from_url(REDIS, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as err:
+        pytest.skip(f"no Redis answers on {REDIS}: {err}")
+    name = f"o44{uuid.uuid4().hex[:8]}"
+    procs: list[subprocess.Popen[str]] = []
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LAYERFLOW_MODEL_API_BASE=stub_url, LAYERFLOW_MODEL_API_KEY="test",
+               LAYERFLOW_RETRY_BASE_DELAY="0.01", LITELLM_LOCAL_MODEL_COST_MAP="True")
+    env.pop("LAYERFLOW_STORE", None)
+    try:
+        yield {"name": name, "store": f"{REDIS}?prefix={name}", "stream": f"{name}-ready", "procs": procs,
+               "env": env, "tmp": tmp_path}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+        keys = list(client.scan_iter(match=f"{name}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+def worker(sc: dict[str, Any], name: str, *extra: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "worker", "--store", sc["store"], "--stream",
+                             sc["stream"], "--consumer", name, "--idle-ms", "1000", "--timer-interval", "0.3",
+                             "--model", MODEL, "--json", *extra], env=sc["env"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=(sc["tmp"] / f"{name}.err").open("w"), text=True)
+    sc["procs"].append(proc)
+    return proc
+
+
+def cli(store: str, *args: str) -> tuple[int, Any]:
+    """`layerflow ... --json` in this process: exit code and its JSON document."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    out = CliRunner().invoke(main, [*args, "--store", store, "--json"])
+    try:
+        return out.exit_code, json.loads(out.stdout)
+    except ValueError:
+        raise AssertionError(f"layerflow {' '.join(args)}: exit {out.exit_code}: {out.output} {out.exception!r}")
+
+
+def later(days: float) -> str:
+    return (datetime.now(timezone.utc) + timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def drive(store: str, iid: str, rounds: int = 4) -> list[dict[str, Any]]:
+    """The customer and the engineer, from the CLI: each round the customer replies (round 1: two days of
+    silence, the timer branch, `resume --now` three days on), the engineer proposes, a person settles the
+    join's conflict on ``resolution``, and the customer reopens (three times) or is satisfied. The ``--json``
+    document of every step, in order."""
+    docs: list[dict[str, Any]] = []
+    for rnd in range(rounds):
+        if rnd == 1:
+            code, doc = cli(store, "resume", iid, "--now", later(3 * rnd), "--model", MODEL)
+        else:
+            code, doc = cli(store, "send", iid, "customer_reply", "--json-payload",
+                            json.dumps({"customer_message": f"still broken (round {rnd})"}), "--model", MODEL)
+        docs.append(doc)
+        assert code == 3 and [w["kind"] for w in doc["waiting_for"]] == ["user_task"], doc
+        code, doc = cli(store, "resume", iid, "--answer", "human_work=" + json.dumps(
+            {"resolution": f"replace-r{rnd}", "human_notes": "swap the plan"}), "--model", MODEL)
+        docs.append(doc)
+        assert code == 3 and [w["id"] for w in doc["waiting_for"]] == ["work_join/resolution"], doc
+        pick = f"replace-r{rnd}" if rnd % 2 else f"refund-r{rnd}"
+        code, doc = cli(store, "resume", iid, "--answer", f"work_join/resolution={pick}", "--model", MODEL)
+        docs.append(doc)
+        assert code == 3 and [w["kind"] for w in doc["waiting_for"]] == ["event"], doc
+        code, doc = cli(store, "send", iid, "customer_response", "--json-payload",
+                        json.dumps({"reopen": rnd < rounds - 1}), "--model", MODEL)
+        docs.append(doc)
+        assert code == (3 if rnd < rounds - 1 else 0), doc
+    return docs
+
+
+def comparable(events: list[dict[str, Any]], iid: str) -> list[str]:
+    """A tape as JSON lines without what differs between two runs of the same ticket (times, ids, the
+    actor a worker signs with), and without a takeover's own ``retry`` note."""
+    out = []
+    for event in events:
+        if event.get("kind") == "note" and (event.get("data") or {}).get("note") == "retry":
+            continue
+        event = {k: v for k, v in event.items() if k not in ("time", "seq")}
+        text = json.dumps(event, sort_keys=True).replace(iid, "IID")
+        text = re.sub(r"(snap:[\w/@]+:|@)\d+", r"\1N", text)
+        text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "UUID", text)
+        text = re.sub(r"\"(created|updated|time|timestamp|deadline|answered_at|due|last_modified|latency_ms)\": [0-9.e+]+",
+                      r'"\1": T', text)
+        text = re.sub(r"\"(due|time|answered_at_iso|created_iso|last_modified)\": \"[^\"]+\"", r'"\1": "T"', text)
+        out.append(text)
+    return out
