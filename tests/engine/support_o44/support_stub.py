@@ -70,3 +70,24 @@ class SupportStub(RoutedStub):
             self._release.wait(30)
             time.sleep(0)
         return super()._next(body)
+
+
+def fake_completion(scripted: Scripted) -> Any:
+    """litellm's ``completion`` answered in this process, as the stub server answers it (the same ids and
+    usage): for a test process that drives the CLI beside real workers, without importing litellm (seconds)
+    a third time; the workers reach the stub server through litellm's real client."""
+    served = [0]
+
+    def completion(**kwargs: Any) -> dict[str, Any]:
+        body = json.loads(json.dumps({k: v for k, v in kwargs.items()
+                                      if k in ("model", "messages", "tools", "tool_choice", "max_tokens")}))
+        got = scripted.answer(body)
+        served[0] += 1
+        message = {"role": "assistant", "content": got.get("content")}
+        if got.get("tool_calls"):
+            message["tool_calls"] = got["tool_calls"]
+        return {"id": f"chatcmpl-{served[0]}", "object": "chat.completion", "created": 1700000000,
+                "model": kwargs.get("model"), "choices": [{"index": 0, "message": message,
+                "finish_reason": "tool_calls" if got.get("tool_calls") else "stop"}],
+                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+    return completion
