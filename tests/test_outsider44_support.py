@@ -14,11 +14,12 @@ What it found:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.engine.support_o44.support_scene import MODEL, PROCESS, START, cli, drive
+from tests.engine.support_o44.support_scene import MODEL, PROCESS, START, cli, drive, scene
 from tests.engine.support_o44.support_stub import SupportStub
 from tests.outsider_model33.model33_stub import kind_of
 
@@ -52,3 +53,20 @@ def test_an_operator_s_snapshot_before_a_split_does_not_change_what_the_model_is
     assert len(sent[False]) == 2
     assert sent[True] == sent[False]
     assert "snap:main" not in json.dumps(sent[True])
+
+
+def test_a_message_sent_to_a_ticket_still_on_the_queue_says_it_is_queued_not_that_it_waits_for_nothing(
+        stub: SupportStub, tmp_path: Path) -> None:
+    """The customer answers at once, before a worker has taken the submitted ticket: the refusal said the
+    ticket "waits for: nothing", as if it had ended or lost its wait; it says the ticket is running (on the
+    queue, or run by a worker) and does not wait for the message yet, and how to see when it does."""
+    with scene(tmp_path, stub.url) as sc:
+        code, doc = cli(sc["store"], "submit", str(PROCESS), "--data", json.dumps(START), "--stream", sc["stream"])
+        [iid] = doc["instance_ids"]
+        code, out = cli(sc["store"], "send", iid, "customer_reply", "--json-payload", '{"customer_message": "x"}')
+        assert code == 2 and out["error"]["instance_status"] == "running", out
+        message = out["error"]["message"]
+        assert "waits for: nothing" not in message, message
+        assert "customer_reply" in message and "queue" in message and f"layerflow inspect {iid}" in message, message
+        code, shown = cli(sc["store"], "inspect", iid)
+        assert shown["status"] == "running" and shown["version"] == 1, shown  # nothing of the send was saved
