@@ -7,27 +7,20 @@ stands, ``replay`` rebuilds what ``inspect`` shows, and the CLI answers tickets 
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.engine.support_o44.support_scene import MODEL, PRESERVED, PROCESS, START, cli, scene, wait_for, worker
-from tests.engine.support_o44.support_stub import SupportStub, answers, fake_completion
-from tests.outsider_model33.model33_stub import Scripted, kind_of
+from tests.engine.support_o44.support_scene import (MODEL, PRESERVED, PROCESS, START, cli, model_stub, scene,
+                                                    wait_for, worker)
+from tests.engine.support_o44.support_stub import SupportStub
+from tests.outsider_model33.model33_stub import kind_of
 
 
 @pytest.fixture
 def stub(monkeypatch: pytest.MonkeyPatch) -> Any:
-    import engine.llm
-
-    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test")
-    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
-    with SupportStub() as server:
-        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", server.url)
-        monkeypatch.setattr(engine.llm, "load_litellm",
-                            lambda: types.SimpleNamespace(completion=fake_completion(Scripted(answers()))))
+    with model_stub(monkeypatch, client_in_process=False) as server:
         yield server
 
 
@@ -62,7 +55,7 @@ def test_twenty_tickets_on_three_workers_each_classified_once(stub: SupportStub,
 
         code, rows = cli(sc["store"], "list")
         assert sorted(r["instance_id"] for r in rows) == sorted(ids)
-        bodies = [{k: v for k, v in r.items() if k != "_path"} for r in stub.requests]
+        bodies = [{k: v for k, v in r.items() if k != "_path"} for r in stub.requests]  # the workers' (HTTP)
         assert sum(kind_of(b) == "classify" for b in bodies) == 20, [kind_of(b) for b in bodies]
         for iid in ids:
             code, tape = cli(sc["store"], "tape", iid)

@@ -1,5 +1,6 @@
-"""The support escalation (tests/engine/support_o44/) in one process, from the CLI on memory:// stores,
-with the model behind the stub server (litellm's real client): four rounds, three reopens, the
+"""The support escalation (tests/engine/support_o44/) in one process, from the CLI, the model's answers from
+the stub's script (the fake completion here; the worker modules reach the stub server through litellm's real
+client): four rounds, three reopens, the
 compressor firing, a conflict on ``resolution`` at every join, and what ``inspect``, ``tape`` and
 ``replay`` say about it.
 
@@ -19,29 +20,25 @@ from typing import Any
 
 import pytest
 
-from tests.engine.support_o44.support_scene import MODEL, PROCESS, START, cli, drive, scene
+from tests.engine.support_o44.support_scene import MODEL, PROCESS, START, cli, drive, model_stub, scene
 from tests.engine.support_o44.support_stub import SupportStub
 from tests.outsider_model33.model33_stub import kind_of
 
 
 @pytest.fixture
 def stub(monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test")
-    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
-    with SupportStub() as server:
-        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", server.url)
+    with model_stub(monkeypatch, client_in_process=False) as server:
         yield server
 
 
 def _requests(stub: SupportStub, since: int, kind: str) -> list[Any]:
-    bodies = [{k: v for k, v in r.items() if k != "_path"} for r in stub.requests[since:]]
-    return [b["messages"] for b in bodies if kind_of(b) == kind]
+    return [b["messages"] for b in stub.scripted.requests[since:] if kind_of(b) == kind]
 
 
 def test_an_operator_s_snapshot_before_a_split_does_not_change_what_the_model_is_sent(stub: SupportStub) -> None:
     sent = {}
     for store, snapshot in (("memory://o44plain", False), ("memory://o44snap", True)):
-        since = len(stub.requests)
+        since = len(stub.scripted.requests)
         code, doc = cli(store, "run", str(PROCESS), "--data", json.dumps(START), "--model", MODEL)
         assert code == 3, doc
         if snapshot:  # an event on main's tape before the split, as a worker's retry note is

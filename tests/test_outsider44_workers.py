@@ -11,30 +11,19 @@ from __future__ import annotations
 
 import json
 import signal
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.engine.support_o44.support_scene import (MODEL, PRESERVED, PROCESS, START, cli, comparable, drive,
-                                                    scene, wait_for, worker)
-from tests.engine.support_o44.support_stub import SupportStub, answers, fake_completion
-from tests.outsider_model33.model33_stub import Scripted
+                                                    model_stub, scene, wait_for, worker)
+from tests.engine.support_o44.support_stub import SupportStub
 
 
 @pytest.fixture
 def stub(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The stub server the workers' litellm reaches; the CLI in this process gets the same answers from the
-    same script without importing litellm (test_outsider44_support takes the real client in-process)."""
-    import engine.llm
-
-    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test")
-    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
-    with SupportStub() as server:
-        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", server.url)
-        monkeypatch.setattr(engine.llm, "load_litellm",
-                            lambda: types.SimpleNamespace(completion=fake_completion(Scripted(answers()))))
+    with model_stub(monkeypatch, client_in_process=False) as server:
         yield server
 
 

@@ -10,15 +10,20 @@ import os
 import re
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import Callable, Iterator
+import types
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.engine.engine_helpers import redis_scratch
+from tests.engine.support_o44.support_stub import SupportStub, fake_completion
+from tests.stores.test_lease_lapse_15 import wait_for
+from tests.test_outsider_ops36 import comparable as ops36_comparable
+
+__all__ = ["MODEL", "PRESERVED", "PROCESS", "START", "cli", "comparable", "drive", "later", "model_stub", "scene",
+           "wait_for", "worker"]
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent.parent
@@ -30,42 +35,38 @@ START = {"ticket_id": "T-44", "customer": "ACME", "subject": "invoice export fai
 PRESERVED = ("severity", "sla_hours", "replies_sent", "reopen_count", "resolution")
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+@contextmanager
+def scene(tmp_path: Path, stub_url: str) -> Iterator[dict[str, Any]]:
+    with redis_scratch(REDIS, "o44") as name:
+        procs: list[subprocess.Popen[str]] = []
+        env = dict(os.environ, PYTHONPATH=str(ROOT), LAYERFLOW_MODEL_API_BASE=stub_url, LAYERFLOW_MODEL_API_KEY="test",
+                   LAYERFLOW_RETRY_BASE_DELAY="0.01", LITELLM_LOCAL_MODEL_COST_MAP="True")
+        env.pop("LAYERFLOW_STORE", None)
+        try:
+            yield {"name": name, "store": f"{REDIS}?prefix={name}", "stream": f"{name}-ready", "procs": procs,
+                   "env": env, "tmp": tmp_path}
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(timeout=10)
 
 
 @contextmanager
-def scene(tmp_path: Path, stub_url: str) -> Iterator[dict[str, Any]]:
-    import redis
+def model_stub(monkeypatch: Any, *, client_in_process: bool) -> Iterator[SupportStub]:
+    """The stub server (for the workers' litellm, and this process's with ``client_in_process``); without it
+    this process's CLI gets the same answers from the same script through the fake completion, without
+    importing litellm (seconds). Every request, by either way, is in ``server.scripted.requests``."""
+    import engine.llm
 
-    client = redis.Redis.from_url(REDIS, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as err:
-        pytest.skip(f"no Redis answers on {REDIS}: {err}")
-    name = f"o44{uuid.uuid4().hex[:8]}"
-    procs: list[subprocess.Popen[str]] = []
-    env = dict(os.environ, PYTHONPATH=str(ROOT), LAYERFLOW_MODEL_API_BASE=stub_url, LAYERFLOW_MODEL_API_KEY="test",
-               LAYERFLOW_RETRY_BASE_DELAY="0.01", LITELLM_LOCAL_MODEL_COST_MAP="True")
-    env.pop("LAYERFLOW_STORE", None)
-    try:
-        yield {"name": name, "store": f"{REDIS}?prefix={name}", "stream": f"{name}-ready", "procs": procs,
-               "env": env, "tmp": tmp_path}
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-        keys = list(client.scan_iter(match=f"{name}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+    monkeypatch.setenv("LAYERFLOW_MODEL_API_KEY", "test")
+    monkeypatch.setenv("LAYERFLOW_RETRY_BASE_DELAY", "0.01")
+    with SupportStub() as server:
+        monkeypatch.setenv("LAYERFLOW_MODEL_API_BASE", server.url)
+        if not client_in_process:
+            monkeypatch.setattr(engine.llm, "load_litellm",
+                                lambda: types.SimpleNamespace(completion=fake_completion(server.scripted)))
+        yield server
 
 
 def worker(sc: dict[str, Any], name: str, *extra: str) -> subprocess.Popen[str]:
@@ -124,26 +125,16 @@ def drive(store: str, iid: str, rounds: int = 4) -> list[dict[str, Any]]:
 
 
 def comparable(events: list[dict[str, Any]], iid: str) -> list[str]:
-    """A tape as JSON lines without what differs between two runs of the same ticket (times, ids, the
-    actor a worker signs with), and without a takeover's own ``retry`` note."""
+    """test_outsider_ops36's comparable tape (times, ids, a takeover's ``retry`` note left out), and what else
+    differs between two runs of the same ticket: the seqs a retry note moves on (inside branch snapshot ids,
+    the requests' ``base_seq``), the stub's answer ids, and the clock in context_inspect's results (so a
+    request holding it is compared by its text, not its hash or token count)."""
     out = []
-    for event in events:
-        if event.get("kind") == "note" and (event.get("data") or {}).get("note") == "retry":
-            continue
-        event = {k: v for k, v in event.items() if k not in ("time", "seq")}
-        text = json.dumps(event, sort_keys=True).replace(iid, "IID")
-        # branch contexts and snapshots are named by seqs, which the retry note moves on by one
-        text = re.sub(r"@\d+", "@N", text)
+    for text in ops36_comparable(events, iid):
         text = re.sub(r"(snap:[\w/@]+:)\d+", r"\1N", text)
-        # context_inspect's results give each key's last change on the clock (run by run)
         text = re.sub(r'(last_modified\\+": \\+")[^\\"]+', r"\1T", text)
-        text = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "UUID", text)
-        text = re.sub(r"\"(created|updated|time|timestamp|deadline|answered_at|due|last_modified|latency_ms)\": [0-9.e+]+",
-                      r'"\1": T', text)
-        text = re.sub(r"\"(due|time|answered_at_iso|created_iso|last_modified)\": \"[^\"]+\"", r'"\1": "T"', text)
-        text = re.sub(r"chatcmpl-\d+", "chatcmpl-N", text)  # the stub server numbers its answers
-        # the retry note moves main's later seqs on by one; a request holding a time (above) is hashed and
-        # counted as sent: what it was sent is compared by its text
+        text = re.sub(r"\"latency_ms\": \d+", '"latency_ms": T', text)
+        text = re.sub(r"chatcmpl-\d+", "chatcmpl-N", text)
         text = re.sub(r"\"(base_seq|keep|prefix_tokens|tokens)\": \d+", r'"\1": N', text)
         text = re.sub(r"\"sha256\": \"\w+\"", '"sha256": "H"', text)
         out.append(text)
