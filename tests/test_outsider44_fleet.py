@@ -50,7 +50,7 @@ def test_twenty_tickets_on_three_workers_each_classified_once(stub: SupportStub,
                     answered.append(r["instance_id"])
             return len(answered) == 3 and all(r["status"] == "waiting" and not r["held_by"] for r in rows) \
                 and len(rows) == 20
-        wait_for(answer_some, "every ticket classified", timeout=60)
+        wait_for(answer_some, "every ticket classified", timeout=180)
         assert seen_held <= {"w1", "w2", "w3"} and seen_held, seen_held
 
         code, rows = cli(sc["store"], "list")
