@@ -14,35 +14,21 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from context_layers.stores import open_store
 from engine.leases import Heartbeat, LeaseLost
+from tests.engine.engine_helpers import redis_scratch
 
 REDIS = "redis://127.0.0.1:6379/10"
 
 
 @pytest.fixture
 def store() -> Iterator[object]:
-    import redis
-
-    name = f"o44lease{uuid.uuid4().hex[:8]}"
-    client = redis.Redis.from_url(REDIS, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as err:
-        pytest.skip(f"no Redis answers on {REDIS}: {err}")
-    opened = open_store(f"{REDIS}?prefix={name}")
-    try:
-        yield opened
-    finally:
-        keys = list(client.scan_iter(match=f"{name}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+    with redis_scratch(REDIS, "o44lease") as prefix:
+        yield open_store(f"{REDIS}?prefix={prefix}")
 
 
 def _stall(seconds: float) -> None:
