@@ -3,8 +3,9 @@
 Same input, same bytes: values are canonical JSON (sorted keys), entries come in a
 fixed order, and nothing reads a clock or makes an id (a context saved and loaded, or
 replayed from its tape, renders identically). Nor is the model shown the wall-clock
-``time`` of the joins' ``_mergedConflicts`` entries (kept in the context and on the
-tape): two identical runs send identical bytes.
+``time`` of the joins' ``_mergedConflicts`` entries, nor a split's ``_snapshot_id`` (a
+tape position; both kept in the context and on the tape): two identical runs send
+identical bytes.
 
 Message structure (chosen so provider prompt caches keep hitting)::
 
@@ -282,6 +283,11 @@ class _Parts:
 # which would make two identical runs send different bytes from the first join on (and miss the
 # provider's prompt cache across instances), while telling the model nothing it decides on.
 _UNSHOWN_FIELDS = {MERGED_CONFLICTS_KEY: frozenset({"time"})}
+# Nor is a split's ``_snapshot_id`` shown (``snap:main:134``): it is a position on the tape, so any event
+# added before the split (a worker's ``retry`` note after a takeover, an operator's ``layerflow snapshot``)
+# changed the bytes of every later request, telling the model nothing it decides on. ``_branch_id`` stays:
+# it tells a branch's model which branch it is in.
+_UNSHOWN_KEYS = frozenset({"_snapshot_id"})
 
 
 def _shown(e: Entry) -> Entry:
@@ -294,7 +300,7 @@ def _shown(e: Entry) -> Entry:
 
 def _select(entries: Sequence[Entry], options: RenderOptions, since: int | None = None,
             revisions: dict[tuple[str, int], int] | None = None) -> _Parts:
-    entries = [_shown(e) for e in run_hooks(entries, options.hooks)]
+    entries = [_shown(e) for e in run_hooks(entries, options.hooks) if e.key not in _UNSHOWN_KEYS]
     include = set(options.include_layers)
     entries = sorted((e for e in entries if e.layer in include), key=lambda e: (int(e.layer), e.order))
     by_layer: dict[Layer, list[Entry]] = {layer: [] for layer in Layer}

@@ -46,20 +46,31 @@ class LeaseLost(VersionConflict):
 
 
 class Heartbeat:
-    """Renews the lease every ttl/3 until ``stop``; ``lost`` once someone else took it (the
-    version check then refuses the holder's save). ``check`` renews it at once, before an
+    """Renews the lease every ttl/3 until ``stop`` (taking it back when it ran out and nobody took
+    it); ``lost`` once someone else took it (the version check then refuses the holder's save). ``check`` renews it at once, before an
     activity, and raises ``LeaseLost`` when it no longer holds."""
 
     def __init__(self, store: Store, instance_id: str, owner: str, ttl: float) -> None:
         self._stop = threading.Event()
         self.lost = False
+        # the lease ran out and this heartbeat took it back (nobody else had): ``check`` makes sure
+        # nobody saved the instance in the gap before the next activity starts
+        self.lapsed = False
         self._store, self._instance_id, self._owner, self._ttl = store, instance_id, owner, ttl
 
         def beat() -> None:
             while not self._stop.wait(ttl / 3):
                 try:
-                    if not store.renew_lease(instance_id, owner, ttl):
-                        self.lost = True  # and go on beating: ``check`` may take a lapsed lease again
+                    if store.renew_lease(instance_id, owner, ttl):
+                        continue
+                    # Run out under a holder that is still at work: a stall of the whole process longer
+                    # than the lease (an import that holds the interpreter, a swapped-out VM). Left free,
+                    # `list` showed the instance held by nobody, and a worker taking the entry over ran
+                    # the activity in hand a second time beside this one; take it back while nobody has.
+                    if not self.lost and store.acquire_lease(instance_id, owner, ttl):
+                        self.lapsed = True
+                        continue
+                    self.lost = True  # and go on beating: ``check`` may take a lapsed lease again
                 except StoreError:
                     pass
 
@@ -76,7 +87,17 @@ class Heartbeat:
         with nobody taking it (a pause longer than its ttl, nothing more) is taken again when
         ``unchanged()`` says nobody saved the instance meanwhile."""
         if not self.lost and self._store.renew_lease(self._instance_id, self._owner, self._ttl):
-            return
+            if not self.lapsed:
+                return
+            if unchanged is not None and unchanged():
+                self.lapsed = False
+                return
+            self._store.release_lease(self._instance_id, self._owner)  # someone may have saved it in the gap
+            self.lost = True
+            raise LeaseLost(f"instance {self._instance_id}: the lease of {self._owner!r} lapsed and someone may "
+                            f"have saved the instance before {self._owner!r} took it back; it stops working it without "
+                            f"starting activity {task_id!r}, and whoever holds the lease goes on from the last save",
+                            instance_id=self._instance_id, task_id=task_id, holder=None)
         holder = self._store.lease_owner(self._instance_id)
         if holder is None and unchanged is not None and self._store.acquire_lease(
                 self._instance_id, self._owner, self._ttl):

@@ -714,6 +714,16 @@ class Engine:
 
             raise InstanceStateError(f"instance {instance.id} is completed and does not wait for {kind} {name!r} "
                                      "any more: a completed instance takes no events")
+        if instance.status == "running" and not instance.waiting_for and not any(
+                c.kind == kind and c.name == name for c in events.waiting_catches(instance.workflow)):
+            from .governance import InstanceStateError
+
+            # not at rest: submitted and on the queue, or run by a worker right now ("waits for: nothing"
+            # read as if it had ended or lost its wait)
+            raise InstanceStateError(
+                f"instance {instance.id} does not wait for {kind} {name!r} yet: it is running (submitted and on "
+                f"the queue for a worker, or run by one) and waits for nothing until it reaches a step that waits; "
+                f"send the {kind} once `layerflow inspect {instance.id}` lists it in waiting_for")
         tape = instance.tape_length()
         try:
             events.deliver(instance.workflow, instance.contexts, name, payload, kind=kind, actor=actor,
