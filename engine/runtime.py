@@ -2368,7 +2368,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 continue  # an instance's own item
             try:
                 freeze(value)
-            except ValueError as err:  # NaN, Infinity, a lone surrogate: no JSON value, the person's mistake
+            except (ValueError, TypeError) as err:  # NaN, a lone surrogate, a set or bytes from a Python
+                # caller: no JSON value, the person's mistake (a TypeError names neither task nor key)
                 from .governance import InvalidAnswer
 
                 bpmn_id = spiff.bpmn_id_of(task)

@@ -1,0 +1,125 @@
+"""Outsider round 45: a public tender evaluation embedded through the Python API only
+(tests/engine/tender_o45/: tender.bpmn and tender_band.dmn), as a newcomer with the README writes it.
+
+Bids arrive as the start data; a parallel multi-instance service task scores each bid (a handler
+registered with ``@activity``); a script ranks them; a DMN table (hit policy FIRST) picks the band; an
+exclusive gateway with a default sends a weak field to a re-tender; a sub-process vets the winner
+(a debarred bidder throws ``engine.BpmnError``, caught by the sub-process's error boundary event) and
+waits for a person to confirm the award, while a ``tender_cancelled`` signal sent from outside
+cancels the evaluation (an interrupting signal boundary event); the award script ends it.
+
+Found: a person's answer holding a value JSON cannot hold by its type (a set, bytes) escaped
+``Engine.complete_user_task`` as a bare ``TypeError: value is of type set`` naming neither the task nor
+the key, where a NaN gets ``InvalidAnswer`` naming both (README: bad input, ``InvalidAnswer`` for a
+person's answer).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from context_layers import Layer, LayeredContext
+from engine import ActivityContext, BpmnError, Engine, activity, load_process
+from engine.governance import InvalidAnswer
+
+from engine_helpers import redis_scratch
+
+HERE = Path(__file__).resolve().parent / "tender_o45"
+REDIS = "redis://127.0.0.1:6379/11"  # this module's own database
+DEBARRED = {"Shady Ltd"}
+BIDS = [{"bidder": "Acme", "price": 90000, "quality": 9}, {"bidder": "Bolt", "price": 70000, "quality": 7}]
+
+
+@activity("score_bid")
+def score_bid(ctx: ActivityContext) -> dict[str, Any]:
+    bid = ctx["bid"]
+    return {"score": {"bidder": bid["bidder"], "points": round(bid["quality"] * 10 - bid["price"] / 10000)}}
+
+
+@activity("check_winner")
+def check_winner(ctx: ActivityContext) -> dict[str, Any]:
+    if ctx["winner"] in DEBARRED:
+        raise BpmnError("disqualified", f"{ctx['winner']} is debarred", {"debarred": ctx["winner"]})
+    return {"vetted": True}
+
+
+@pytest.fixture(scope="module")
+def tender() -> Any:
+    return load_process([HERE / "tender.bpmn", HERE / "tender_band.dmn"])
+
+
+def waiting(instance: Any) -> list[tuple[str, str]]:
+    return sorted((w["kind"], w["task_id"]) for w in instance.waiting_for)
+
+
+def test_the_award_path_scores_every_bid_and_waits_for_a_person(tender: Any) -> None:
+    engine = Engine("memory://")
+    instance = engine.run(tender, {"bids": BIDS})
+    assert instance.status == "waiting"
+    assert waiting(instance) == [("event", "cancelled"), ("user_task", "confirm_award")]
+    main = instance.main
+    assert main.layer(Layer.PROCESS)["bids"] == BIDS
+    assert main.resolve("scores") == [{"bidder": "Acme", "points": 81}, {"bidder": "Bolt", "points": 63}]
+    assert (main.resolve("winner"), main.resolve("band"), main.resolve("vetted")) == ("Acme", "strong", True)
+    done = engine.complete_user_task(instance.id, "confirm_award", {"award_confirmed": True})
+    assert done.status == "completed"
+    assert (done.main.resolve("outcome"), done.main.resolve("awarded_to")) == ("awarded", "Acme")
+    assert LayeredContext.replay(done.main.tape) == done.main
+
+
+@pytest.mark.parametrize("bids, data, outcome, keys", [
+    ([{"bidder": "Weak", "price": 100000, "quality": 5}], None, "retender", {"band": "weak"}),
+    ([{"bidder": "Shady Ltd", "price": 1, "quality": 10}], None, "disqualified",
+     {"error_code": "disqualified", "error_message": "Shady Ltd is debarred", "debarred": "Shady Ltd"}),
+    (BIDS, {"reason": "court order"}, "cancelled", {"reason": "court order", "band": "strong"}),
+])
+def test_the_other_ends(tender: Any, bids: list[Any], data: Any, outcome: str, keys: dict[str, Any]) -> None:
+    engine = Engine("memory://")
+    instance = engine.run(tender, {"bids": bids})
+    if data is not None:
+        instance = engine.send_event(instance, "tender_cancelled", data, kind="signal")
+    assert (instance.status, instance.waiting_for) == ("completed", [])
+    assert instance.main.resolve("outcome") == outcome
+    assert {k: instance.main.resolve(k) for k in keys} == keys
+
+
+@pytest.mark.parametrize("value, problem", [({"yes"}, "type set"), (b"yes", "type bytes"), (float("nan"), "nan")])
+def test_an_answer_json_cannot_hold_is_invalid_answer_naming_task_and_key(tender: Any, value: Any, problem: str) -> None:
+    engine = Engine("memory://")
+    instance = engine.run(tender, {"bids": BIDS})
+    before = len(instance.main.tape)
+    with pytest.raises(InvalidAnswer) as caught:
+        engine.complete_user_task(instance.id, "confirm_award", {"award_confirmed": value})
+    message = str(caught.value)
+    assert "'confirm_award'" in message and "'award_confirmed'" in message and problem in message, message
+    assert caught.value.task_id == "confirm_award"
+    again = engine.load(instance.id)  # nothing applied: the task still waits for a corrected answer
+    assert waiting(again) == [("event", "cancelled"), ("user_task", "confirm_award")]
+    assert len(again.main.tape) == before and "award_confirmed" not in again.main
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_stored_instance_loads_to_the_same_contexts_and_tape(tender: Any, tmp_path: Path, kind: str) -> None:
+    with redis_scratch(REDIS, "o45") if kind == "redis" else _nothing() as prefix:
+        url = f"{REDIS}?prefix={prefix}" if kind == "redis" else f"sqlite:///{tmp_path / 'tender.db'}"
+        engine = Engine(url)
+        waiting_one = engine.run(tender, {"bids": BIDS})
+        loaded = Engine(url).load(waiting_one.id)  # another engine on the same store
+        assert {n: c for n, c in loaded.contexts.items()} == waiting_one.contexts
+        assert [e.to_dict() for e in loaded.main.tape] == [e.to_dict() for e in waiting_one.main.tape]
+        done = Engine(url).complete_user_task(waiting_one.id, "confirm_award", {"award_confirmed": False})
+        assert done.main.resolve("outcome") == "withheld"
+        reloaded = engine.load(done.id)
+        assert reloaded.status == "completed" and reloaded.main == done.main
+        assert LayeredContext.replay(reloaded.main.tape) == reloaded.main
+
+
+class _nothing:
+    def __enter__(self) -> str:
+        return ""
+
+    def __exit__(self, *exc: object) -> None:
+        return None
