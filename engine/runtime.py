@@ -3424,8 +3424,30 @@ def _unset_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_
                         "no value until a step writes it")
             break
         wf = getattr(wf, "parent_workflow", None)
-    # (any other unknown name stays Python's plain NameError: a typo as often as a missing key)
     return f"{declared}{_name_hint(err, bpmn_id)}" if declared else ""
+
+
+def _unknown_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_id: str) -> str:
+    """Any other name a script reads and the context does not hold: a typo as often as a missing
+    key, so the hint says both, and names the person's answer that came last when its user task
+    has no form to ask for the key."""
+    if not isinstance(err, NameError) or not err.name or ctx is None or err.name in ctx:
+        return ""
+    return f"{_name_hint(err, bpmn_id).replace('the expression', 'the script')}{_formless_answer(task, err)}"
+
+
+def _formless_answer(task: Any, err: NameError) -> str:
+    """The user task answered last before ``task``, when it has no form (nothing asked the person
+    for the name a script could not read, and its answer did not give it)."""
+    done = [t for t in task.workflow.get_tasks() if t.state == TaskState.COMPLETED
+            and isinstance(t.task_spec, UserTaskMixin)] if task is not None else []
+    if not done:
+        return ""
+    last = max(done, key=lambda t: t.last_state_change)
+    if (getattr(last.task_spec, "extensions", None) or {}).get("form"):
+        return ""  # a form that asks for it is named by _unanswered_field
+    return (f"; if a person gives it, the answer to user task {spiff.bpmn_id_of(last)!r} (which has no form "
+            f"asking for it) set no {err.name!r}: answer it there, or inject it and resume")
 
 
 def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None = None,
@@ -3452,7 +3474,8 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
     unset = ""
     if where == "script" and not away:
         # a form field the person (or the start data) left out names its form, as for a condition
-        unset = _unset_name(err, ctx, task, bpmn_id) or (_unanswered_field(task, err) if task is not None else "")
+        unset = (_unset_name(err, ctx, task, bpmn_id) or (_unanswered_field(task, err) if task is not None else "")
+                 or _unknown_name(err, ctx, task, bpmn_id))
     message = f"activity {bpmn_id!r} failed{at}: {what}{by}{away}{unset}{_start_data(ctx, err, others)}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):

@@ -123,3 +123,19 @@ class _nothing:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_a_script_reading_a_key_the_persons_answer_left_out_says_what_to_do(tender: Any) -> None:
+    """The person confirms with an empty answer (the user task has no form to ask for
+    ``award_confirmed``): the award script's NameError names the key, where to give it and the
+    user task whose answer left it out, and the instance resumes once it is given."""
+    engine = Engine("memory://")
+    instance = engine.run(tender, {"bids": BIDS})
+    failed = engine.complete_user_task(instance.id, "confirm_award", {})
+    assert failed.status == "error" and failed.error is not None
+    message = failed.error["message"]
+    assert message.startswith("activity 'award' failed at line 1 of its script: NameError: name 'award_confirmed'")
+    assert "give 'award_confirmed' a value before 'award'" in message, message
+    assert "user task 'confirm_award'" in message, message
+    fixed = engine.resume(engine.inject(instance.id, {"award_confirmed": True}).id)
+    assert (fixed.status, fixed.main.resolve("outcome")) == ("completed", "awarded")
