@@ -139,3 +139,26 @@ def test_a_script_reading_a_key_the_persons_answer_left_out_says_what_to_do(tend
     assert "user task 'confirm_award'" in message, message
     fixed = engine.resume(engine.inject(instance.id, {"award_confirmed": True}).id)
     assert (fixed.status, fixed.main.resolve("outcome")) == ("completed", "awarded")
+
+
+def test_rollback_then_the_rest_of_the_run_ends_as_the_first_run(tender: Any) -> None:
+    """An operator's wrong inject while the award waits, rolled back to a snapshot taken before it:
+    the award then ends with the same layers as a run that never had it, and the tape keeps both."""
+    from engine import GovernanceService
+    from engine.governance import RollbackArgs, SnapshotArgs
+
+    engine = Engine("memory://")
+    first = engine.complete_user_task(engine.run(tender, {"bids": BIDS}), "confirm_award", {"award_confirmed": True})
+    instance = engine.run(tender, {"bids": BIDS})
+    service = GovernanceService(engine)
+    snap = service.snapshot(instance.id, SnapshotArgs(label="before the operator's change"))["snapshot_id"]
+    engine.inject(instance.id, {"outcome": "forged", "awarded_to": "Bolt"})
+    service.rollback(instance.id, RollbackArgs(snapshot_id=snap, reason="undo the operator's change"))
+    again = engine.complete_user_task(instance.id, "confirm_award", {"award_confirmed": True})
+    assert again.main.as_dict() == first.main.as_dict()
+    forged = [e.seq for e in again.main.tape if str(e.kind) == "write" and "outcome" in e.keys]
+    restored = [e.seq for e in again.main.tape if str(e.kind) == "restore"]
+    assert len(forged) == 2 and len(restored) == 1 and forged[0] < restored[0] < forged[1]  # nothing deleted
+    assert LayeredContext.replay(again.main.tape) == again.main
+    at_snapshot = LayeredContext.replay(again.main.tape, until=int(snap.rsplit(":", 1)[1]))
+    assert at_snapshot.get("outcome") is None and at_snapshot.resolve("band") == "strong"
