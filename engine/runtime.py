@@ -976,7 +976,11 @@ class Engine:
             return
         instance.updated = instance.clock()
         store_of = self._store_of(instance)
-        instance.version = store_of.save(_record_for(store_of, instance), instance.version)
+        try:
+            instance.version = store_of.save(_record_for(store_of, instance), instance.version)
+        except VersionConflict as err:
+            # the store's words name its own method; an Engine user holds this engine, not the store
+            raise _engine_version_conflict(err, instance.id) from None
 
     def _store_of(self, instance: Instance) -> Store:
         return instance.store if instance.store is not None else self.store
@@ -3434,6 +3438,16 @@ def _unknown_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpm
     if not isinstance(err, NameError) or not err.name or ctx is None or err.name in ctx:
         return ""
     return f"{_name_hint(err, bpmn_id).replace('the expression', 'the script')}{_formless_answer(task, err)}"
+
+
+def _engine_version_conflict(err: VersionConflict, instance_id: str) -> VersionConflict:
+    """The store's ``VersionConflict`` with what to do from an ``Engine``: this Instance object is stale."""
+    out = VersionConflict(f"{err}; an Engine's Instance object held since is stale: engine.load({instance_id!r}) "
+                          f"gives the stored one, or give the Engine call the id {instance_id!r}, which loads it afresh")
+    for name in ("instance_id", "expected", "actual"):
+        if hasattr(err, name):
+            setattr(out, name, getattr(err, name))
+    return out
 
 
 def _formless_answer(task: Any, err: NameError) -> str:

@@ -162,3 +162,21 @@ def test_rollback_then_the_rest_of_the_run_ends_as_the_first_run(tender: Any) ->
     assert LayeredContext.replay(again.main.tape) == again.main
     at_snapshot = LayeredContext.replay(again.main.tape, until=int(snap.rsplit(":", 1)[1]))
     assert at_snapshot.get("outcome") is None and at_snapshot.resolve("band") == "strong"
+
+
+def test_a_stale_instance_object_loses_to_the_first_answer_and_says_how_to_retry(tender: Any, tmp_path: Path) -> None:
+    """Two engines (two processes of one application) on one sqlite store each hold the waiting
+    instance; the second answer, on the stale object, is refused whole and says what an Engine user
+    does: load it again (``engine.load``) or pass the id, which loads the stored version."""
+    from context_layers.stores import VersionConflict
+
+    url = f"sqlite:///{tmp_path / 'tender.db'}"
+    first, second = Engine(url), Engine(url)
+    instance_id = first.run(tender, {"bids": BIDS}).id
+    held_one, held_two = first.load(instance_id), second.load(instance_id)
+    assert first.complete_user_task(held_one, "confirm_award", {"award_confirmed": True}).status == "completed"
+    with pytest.raises(VersionConflict) as caught:
+        second.complete_user_task(held_two, "confirm_award", {"award_confirmed": False})
+    assert f"engine.load({instance_id!r})" in str(caught.value), str(caught.value)
+    stored = second.load(instance_id)
+    assert (stored.status, stored.main.resolve("outcome")) == ("completed", "awarded")
