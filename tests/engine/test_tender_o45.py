@@ -180,3 +180,21 @@ def test_a_stale_instance_object_loses_to_the_first_answer_and_says_how_to_retry
     assert f"engine.load({instance_id!r})" in str(caught.value), str(caught.value)
     stored = second.load(instance_id)
     assert (stored.status, stored.main.resolve("outcome")) == ("completed", "awarded")
+
+
+def test_a_view_from_an_anchor_the_application_sets(tender: Any) -> None:
+    """README: a view is what a model is shown "from an anchor on"; an anchor nobody set is refused
+    saying how to set one, and one set while the award waits hides the scoring from the view only."""
+    from context_layers import ContextKeyError, render
+
+    engine = Engine("memory://")
+    instance = engine.run(tender, {"bids": BIDS})
+    with pytest.raises(ContextKeyError) as caught:
+        instance.main.view(anchor="award_review")
+    assert "ctx.anchor('award_review')" in str(caught.value), str(caught.value)
+    instance.main.anchor("award_review", actor="tender_app")
+    done = engine.complete_user_task(instance, "confirm_award", {"award_confirmed": True})
+    shown = str(render(done.main.view(anchor="award_review"), format="json"))
+    assert "awarded" in shown and "activity:score_bid" not in shown
+    assert "activity:score_bid" in str(render(done.main, format="json"))
+    assert LayeredContext.replay(done.main.tape) == done.main
