@@ -838,7 +838,9 @@ class Engine:
                 f"decision. Settle the join: {SETTLE_FAILED_JOIN} (`layerflow resume {instance.id}`). To "
                 f"correct one branch's own value, name that branch (--context / `context`: "
                 f"{', '.join(branches) or 'a branch id'})")
-        ctx = instance.contexts[context or rt.failed_context_name() or MAIN]
+        # a context named: by its name or its branch's id, an unknown one refused naming those there are
+        ctx = (GovernanceService.context_of(instance, context) if context is not None
+               else instance.contexts[rt.failed_context_name() or MAIN])
         # a branch already merged (or cancelled) is read by nothing, and a context whose branches
         # are open is merged against its split snapshot: a write there would reach nothing
         GovernanceService._writable(instance, ctx, "inject", values)

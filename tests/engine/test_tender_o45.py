@@ -198,3 +198,15 @@ def test_a_view_from_an_anchor_the_application_sets(tender: Any) -> None:
     assert "awarded" in shown and "activity:score_bid" not in shown
     assert "activity:score_bid" in str(render(done.main, format="json"))
     assert LayeredContext.replay(done.main.tape) == done.main
+
+
+def test_inject_into_a_context_the_instance_does_not_have_names_the_ones_it_has(tender: Any) -> None:
+    from context_layers import ContextKeyError
+
+    engine = Engine("memory://")
+    instance = engine.run(tender, {"bids": BIDS})
+    with pytest.raises(ContextKeyError) as caught:  # it was a bare KeyError('mian')
+        engine.inject(instance.id, {"award_note": "checked"}, context="mian")
+    assert "'mian'" in str(caught.value) and "contexts: main" in str(caught.value), str(caught.value)
+    assert engine.load(instance.id).main.tape.__len__() == len(instance.main.tape)  # nothing written
+    assert engine.inject(instance.id, {"award_note": "checked"}, context="main").main.resolve("award_note") == "checked"
