@@ -8,10 +8,22 @@ exclusive gateway with a default sends a weak field to a re-tender; a sub-proces
 waits for a person to confirm the award, while a ``tender_cancelled`` signal sent from outside
 cancels the evaluation (an interrupting signal boundary event); the award script ends it.
 
-Found: a person's answer holding a value JSON cannot hold by its type (a set, bytes) escaped
-``Engine.complete_user_task`` as a bare ``TypeError: value is of type set`` naming neither the task nor
-the key, where a NaN gets ``InvalidAnswer`` naming both (README: bad input, ``InvalidAnswer`` for a
-person's answer).
+Found (each test below failed first):
+- a person's answer holding a value JSON cannot hold by its type (a set, bytes) escaped
+  ``Engine.complete_user_task`` as a bare ``TypeError: value is of type set`` naming neither the task
+  nor the key, where a NaN gets ``InvalidAnswer`` naming both (README: ``InvalidAnswer`` for a person's
+  answer);
+- a person who confirms with an empty answer (the user task has no form) stopped the award script
+  with Python's bare ``NameError``: it now says where to give the key, or to correct the script, and
+  names the user task whose answer left it out;
+- a stale ``Instance`` object (two engines of one application) got ``VersionConflict`` telling an
+  Engine user to ``store.load``: it now says ``engine.load(ID)`` or to give the id;
+- ``view(anchor=...)`` of an anchor nobody set said only "not found": README never said how an
+  application sets one (``ctx.anchor``); the error and README now do;
+- ``Engine.inject(..., context="mian")`` raised a bare ``KeyError: 'mian'``: now ``ContextKeyError``
+  naming the instance's contexts.
+Kept as they are, as documented: sqlite and Redis load to the same contexts and tape, replay rebuilds
+them, and a rollback then the rest of the run ends with the same layers as the first run.
 """
 
 from __future__ import annotations
