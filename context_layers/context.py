@@ -1063,7 +1063,8 @@ class View:
             anchors = ctx.tape.anchors
             if anchor not in anchors:
                 raise ContextKeyError(f"anchor {anchor!r} was not found on the tape of {ctx.name!r} "
-                                      f"(anchors: {', '.join(anchors) or 'none'})")
+                                      f"(anchors: {', '.join(anchors) or 'none'}); set it where the view is to "
+                                      f"start with ctx.anchor({anchor!r}), or name one of those")
             event = anchors[anchor]
             self._start = int(event.data["order"])
             changed = [(key, e) for e in ctx.tape.since(event.seq + 1)

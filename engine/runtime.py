@@ -851,7 +851,9 @@ class Engine:
                 f"decision. Settle the join: {SETTLE_FAILED_JOIN} (`layerflow resume {instance.id}`). To "
                 f"correct one branch's own value, name that branch (--context / `context`: "
                 f"{', '.join(branches) or 'a branch id'})")
-        ctx = instance.contexts[context or rt.failed_context_name() or MAIN]
+        # a context named: by its name or its branch's id, an unknown one refused naming those there are
+        ctx = (GovernanceService.context_of(instance, context) if context is not None
+               else instance.contexts[rt.failed_context_name() or MAIN])
         # a branch already merged (or cancelled) is read by nothing, and a context whose branches
         # are open is merged against its split snapshot: a write there would reach nothing
         GovernanceService._writable(instance, ctx, "inject", values)
@@ -989,7 +991,11 @@ class Engine:
             return
         instance.updated = instance.clock()
         store_of = self._store_of(instance)
-        instance.version = store_of.save(_record_for(store_of, instance), instance.version)
+        try:
+            instance.version = store_of.save(_record_for(store_of, instance), instance.version)
+        except VersionConflict as err:
+            # the store's words name its own method; an Engine user holds this engine, not the store
+            raise _engine_version_conflict(err, instance.id) from None
 
     def _store_of(self, instance: Instance) -> Store:
         return instance.store if instance.store is not None else self.store
@@ -2433,7 +2439,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 continue  # an instance's own item
             try:
                 freeze(value)
-            except ValueError as err:  # NaN, Infinity, a lone surrogate: no JSON value, the person's mistake
+            except (ValueError, TypeError) as err:  # NaN, a lone surrogate, a set or bytes from a Python
+                # caller: no JSON value, the person's mistake (a TypeError names neither task nor key)
                 from .governance import InvalidAnswer
 
                 bpmn_id = spiff.bpmn_id_of(task)
@@ -3488,8 +3495,40 @@ def _unset_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_
                         "no value until a step writes it")
             break
         wf = getattr(wf, "parent_workflow", None)
-    # (any other unknown name stays Python's plain NameError: a typo as often as a missing key)
     return f"{declared}{_name_hint(err, bpmn_id)}" if declared else ""
+
+
+def _unknown_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_id: str) -> str:
+    """Any other name a script reads and the context does not hold: a typo as often as a missing
+    key, so the hint says both, and names the person's answer that came last when its user task
+    has no form to ask for the key."""
+    if not isinstance(err, NameError) or not err.name or ctx is None or err.name in ctx:
+        return ""
+    return f"{_name_hint(err, bpmn_id).replace('the expression', 'the script')}{_formless_answer(task, err)}"
+
+
+def _engine_version_conflict(err: VersionConflict, instance_id: str) -> VersionConflict:
+    """The store's ``VersionConflict`` with what to do from an ``Engine``: this Instance object is stale."""
+    out = VersionConflict(f"{err}; an Engine's Instance object held since is stale: engine.load({instance_id!r}) "
+                          f"gives the stored one, or give the Engine call the id {instance_id!r}, which loads it afresh")
+    for name in ("instance_id", "expected", "actual"):
+        if hasattr(err, name):
+            setattr(out, name, getattr(err, name))
+    return out
+
+
+def _formless_answer(task: Any, err: NameError) -> str:
+    """The user task answered last before ``task``, when it has no form (nothing asked the person
+    for the name a script could not read, and its answer did not give it)."""
+    done = [t for t in task.workflow.get_tasks() if t.state == TaskState.COMPLETED
+            and isinstance(t.task_spec, UserTaskMixin)] if task is not None else []
+    if not done:
+        return ""
+    last = max(done, key=lambda t: t.last_state_change)
+    if (getattr(last.task_spec, "extensions", None) or {}).get("form"):
+        return ""  # a form that asks for it is named by _unanswered_field
+    return (f"; if a person gives it, the answer to user task {spiff.bpmn_id_of(last)!r} (which has no form "
+            f"asking for it) set no {err.name!r}: answer it there, or inject it and resume")
 
 
 def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None = None,
@@ -3516,7 +3555,8 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
     unset = ""
     if where == "script" and not away:
         # a form field the person (or the start data) left out names its form, as for a condition
-        unset = _unset_name(err, ctx, task, bpmn_id) or (_unanswered_field(task, err) if task is not None else "")
+        unset = (_unset_name(err, ctx, task, bpmn_id) or (_unanswered_field(task, err) if task is not None else "")
+                 or _unknown_name(err, ctx, task, bpmn_id))
     message = f"activity {bpmn_id!r} failed{at}: {what}{by}{away}{unset}{_start_data(ctx, err, others)}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
     if isinstance(err, LayerflowError):

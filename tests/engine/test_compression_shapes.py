@@ -166,11 +166,13 @@ def test_a_key_a_rule_compressed_away_fails_the_next_step_with_an_error_naming_t
     assert [c["activity_id"] for c in done.compressions] == ["count"]
 
 
-def test_a_name_error_unrelated_to_compression_stays_plain(tmp_path: Path) -> None:
+def test_a_name_error_unrelated_to_compression_names_no_compression(tmp_path: Path) -> None:
     tasks = [script_task("use", "total = nowhere * 2")]
     instance = Engine("memory://").run_process(load_process(write_process(tmp_path, "plain", tasks, None)), {})
     assert instance.status == "error"
-    assert instance.error["message"].endswith("NameError: name 'nowhere' is not defined")
+    message = instance.error["message"]
+    assert "NameError: name 'nowhere' is not defined; the context holds no key 'nowhere' here" in message
+    assert "compress" not in message and "snapshot" not in message, message
 
 
 def test_compression_in_parallel_branches_of_a_sub_process(tmp_path: Path) -> None:
