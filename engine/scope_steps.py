@@ -28,7 +28,8 @@ from context_layers.canonical import canonical_key
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import BRANCH_MARKERS, RECORD_PREFIXES, Snapshot
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
-from gateways import MergedConflict, reduce_values, resolve_conflicts
+from gateways import (MergedConflict, Resolution, ResolutionOutcome, ResolutionStep, reduce_values,
+                      resolve_conflicts)
 from gateways.conflicts import jsonable
 from gateways.join import (MERGED_CONFLICTS_KEY, base_json, free_record_key, side_counters_told, single_counts,
                            single_summaries, written_layer)
@@ -45,6 +46,25 @@ if TYPE_CHECKING:
 ABSENT = object()
 # a multi-instance activity's internal data: key -> the id of the instance whose value its context holds
 MI_OWNERS_KEY = "instance_owners"
+
+
+def _settles_instances(cfg: ActivityExtensionConfig) -> bool:
+    """Whether a multi-instance activity's config says how its parallel instances' conflicts are
+    settled: a ``mergeStrategy`` written down (``MERGE_WITH_CONFLICT_DETECT`` too: then what
+    nothing settles fails the activity), a ``conflictPolicy``, a model (``llm``) or ``humanConfirm``."""
+    return ("merge_strategy" in cfg.model_fields_set or cfg.conflict_policy is not None or cfg.llm is not None
+            or cfg.human_confirm is not None)
+
+
+def _last_instance_kept(bpmn_id: str, branch_id: str, conflicts: Sequence[MergedConflict]) -> ResolutionOutcome:
+    """With no merge settings and no model, a multi-instance activity keeps the value of the instance
+    that ended last, as SpiffWorkflow merges its instances, and says so: every such conflict is listed
+    (``conflicts``, ``_mergedConflicts``, the tape) with this reason, never taken silently."""
+    reason = (f"no merge settings on multi-instance activity {bpmn_id!r}: instance {branch_id!r} ended last and "
+              "its value is kept, as SpiffWorkflow merges instances; give the activity a mergeStrategy "
+              "(FAIL_ON_CONFLICT to stop here), reducers or a conflictPolicy to decide otherwise")
+    pairs = [(c, Resolution(c.conflicting_values[branch_id], "strategy", reason)) for c in conflicts]
+    return ResolutionOutcome(pairs, [], [ResolutionStep(c.key, "strategy", "resolved", reason) for c in conflicts])
 
 
 def _json_safe(value: Any) -> Any:
@@ -541,10 +561,13 @@ class ScopeSteps:
         if conflicts:
             arbiter = self.engine.arbiter_for(self.process, cfg.llm)
             try:
-                with self._noting_calls(arbiter, parent, bpmn_id, "conflict_resolution"):
-                    outcome = resolve_conflicts(conflicts, config=cfg, variables=parent.resolved(),
-                                                gateway_id=bpmn_id, arbiter=arbiter,
-                                                arrival_order=[b for c in conflicts for b in c.conflicting_values])
+                if arbiter is None and not _settles_instances(cfg):
+                    outcome = _last_instance_kept(bpmn_id, branch_id, conflicts)
+                else:
+                    with self._noting_calls(arbiter, parent, bpmn_id, "conflict_resolution"):
+                        outcome = resolve_conflicts(conflicts, config=cfg, variables=parent.resolved(),
+                                                    gateway_id=bpmn_id, arbiter=arbiter,
+                                                    arrival_order=[b for c in conflicts for b in c.conflicting_values])
             except MergeConflictError as err:
                 self._note_instance_conflicts(parent, bpmn_id, [(c, None) for c in conflicts], [])
                 listed = "; ".join(f"{c.key!r}: " + ", ".join(f"{b} {_plain(v)!r}" for b, v in

@@ -27,7 +27,9 @@ def stub(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_twenty_tickets_on_three_workers_each_classified_once(stub: SupportStub, tmp_path: Path) -> None:
     with scene(tmp_path, stub.url) as sc:
         for name in ("w1", "w2", "w3"):
-            worker(sc, name)
+            # no takeover is wanted here: a lease of 5 s, so a stall of a loaded machine does not end one
+            # (a lease that ends mid-step lets another worker run the step again, as it must)
+            worker(sc, name, "--idle-ms", "5000")
         code, doc = cli(sc["store"], "submit", str(PROCESS), "--data", json.dumps(START), "--count", "20",
                         "--stream", sc["stream"])
         assert code == 0 and len(doc["instance_ids"]) == 20, doc

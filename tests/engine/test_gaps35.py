@@ -57,10 +57,33 @@ KINDS = ["subProcess", "callActivity"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_parallel_instances_writing_one_key_differently_are_a_conflict_not_the_last_writer(
+def test_parallel_instances_writing_one_key_differently_are_listed_conflicts_never_silent(
         tmp_path: Path, kind: str) -> None:
+    """With no merge settings, the instance that ended last keeps its value, as SpiffWorkflow merges
+    instances (a process SpiffWorkflow completes is not stopped), but every such conflict is listed
+    with the reason and how to decide otherwise; before, the other instances' writes were lost without
+    a word."""
     inst = _run(_process(tmp_path, kind))
-    # before: completed with verdict 'v3' and total 3, the other instances' writes silently lost
+    assert inst.status == "completed", inst.error
+    got = variables(inst.main)
+    assert got["verdict"] == "v3" and got["total"] == 3 and got["same"] == "x"
+    assert {c["key"] for c in inst.conflicts} == {"verdict", "total"}  # 'same': written alike, no conflict
+    for c in inst.conflicts:
+        assert c["gateway_id"] == "each" and c["resolution"]["resolver"] == "strategy", c
+        reason = c["resolution"]["reason"]
+        for part in ("no merge settings on multi-instance activity 'each'", "ended last", "mergeStrategy",
+                     "FAIL_ON_CONFLICT", "reducers", "conflictPolicy"):
+            assert part in reason, (part, reason)
+    assert {e["key"] for e in inst.main.resolve("_mergedConflicts")} == {"verdict", "total"}
+    notes = [e.data for e in inst.main.tape if e.data.get("note") == "conflict"]
+    assert {n["key"] for n in notes} == {"verdict", "total"} and all(n["gateway_id"] == "each" for n in notes)
+
+
+@pytest.mark.parametrize("strategy", ["MERGE_WITH_CONFLICT_DETECT", "FAIL_ON_CONFLICT"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_written_merge_strategy_that_settles_nothing_fails_the_activity_naming_every_conflict(
+        tmp_path: Path, kind: str, strategy: str) -> None:
+    inst = _run(_process(tmp_path, kind, config=f"each:\n  mergeStrategy: {strategy}\n"))
     assert inst.status == "error", variables(inst.main)
     assert inst.error["kind"] == "merge_conflict" and inst.error["task_id"] == "each"
     message = inst.error["message"]
@@ -104,7 +127,8 @@ def test_a_strategy_given_at_run_time_settles_the_failed_activity_which_runs_aga
     from engine.governance import ConfigArgs, GovernanceService
 
     engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
-    inst = engine.run(engine.start(load_process(_process(tmp_path, "subProcess"))))
+    paths = _process(tmp_path, "subProcess", config="each:\n  mergeStrategy: FAIL_ON_CONFLICT\n")
+    inst = engine.run(engine.start(load_process(paths)))
     assert inst.status == "error" and inst.error["kind"] == "merge_conflict"
     GovernanceService(engine).config(inst.id, ConfigArgs(activity_id="each", config={
         "mergeStrategy": "LAST_WRITER_WINS", "reducers": {"total": "sum"}}))
