@@ -127,3 +127,31 @@ def test_start_data_cannot_set_a_compressors_counter(tmp_path: Path) -> None:
     with pytest.raises(ContextWriteDenied) as refused:
         Engine("memory://").run(load_process(two_steps(tmp_path)), {COUNTER_KEY: FORGED_COUNTER})
     assert refused.value.key == COUNTER_KEY and "summary:count:" in str(refused.value)
+
+
+# ----------------------------------------------------------------------------- 2. REST replay's until
+
+
+def test_rest_replay_with_no_sequence_number_says_what_one_is_as_the_cli(cli: Any, tmp_path: Path) -> None:
+    """`layerflow replay ID --until -1` explains a sequence number and where to find them; REST's
+    `?until=-1` answered pydantic's "Input should be greater than or equal to 0" only (422 still, as
+    every invalid query parameter; the OpenAPI schema still says `minimum: 0`)."""
+    catalog = tmp_path / "catalog"
+    iid = run_json(cli, "run", str(two_steps(catalog)), code=3)["instance_id"]
+    said = run_json(cli, "replay", iid, "--until", "-1", code=2)["error"]["message"]
+    assert "a tape sequence number counts from 1 (0: before the first event)" in said
+    with ServerThread(create_app(os.environ["LAYERFLOW_STORE"], catalog, TOKEN)) as server:
+        replay = f"{server.url}/api/instances/{iid}/replay"
+        answers = {until: local_http.get(replay, params={"until": until}, headers=AUTH) for until in ("-1", "first")}
+        whole = local_http.get(replay, params={"until": "0"}, headers=AUTH)
+        schema = local_http.get(f"{server.url}/openapi.json").json()
+    for until, answer in answers.items():
+        assert answer.status_code == 422, answer.text
+        error = answer.json()["error"]
+        assert error["kind"] == "validation_error" and [p["field"] for p in error["problems"]] == ["query.until"]
+        assert (f"until {until!r}: a tape sequence number counts from 1 (0: before the first event); "
+                f"GET /api/instances/{iid}/tape lists them") in error["message"], error["message"]
+    assert whole.status_code == 200 and whole.json()["until"] == 0
+    (param,) = [p for p in schema["paths"]["/api/instances/{instance_id}/replay"]["get"]["parameters"]
+                if p["name"] == "until"]
+    assert param["schema"]["anyOf"][0]["minimum"] == 0, param
