@@ -6,11 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
-import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +15,17 @@ import pytest
 from context_layers import ContextWriteDenied
 from engine import AnswerWriteDenied, Engine, load_process
 from engine.api import create_app
-from engine.governance import GovernanceService, InjectArgs
 
-from test_unseen_processes_4 import fake_model  # noqa: F401 - the "fake_model" fixture
-from engine_helpers import chain_bpmn, cli_in_a_tmp_store, redis_scratch, run_json
+import test_unseen_processes_4
+from engine_helpers import chain_bpmn, cli_in_a_tmp_store, run_json
 from governance_helpers import TOKEN, ServerThread
 
 cli = cli_in_a_tmp_store  # the "cli" fixture: the CLI in this process, on the test's own sqlite store
+fake_model = test_unseen_processes_4.fake_model  # the "fake_model" fixture: engine.llm's model replaced
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSEEN10 = Path(__file__).resolve().parent / "unseen10"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-REDIS = "redis://127.0.0.1:6379/8"  # this module's own database
 COUNTER_KEY = "summary:count:tool:*"
 # what a compressor's counter looks like: the compressor and a join take such a value for a real count
 FORGED_COUNTER = {"kind": "count", "_compressed": "count_only", "pattern": "tool:*", "count": 40, "kept": []}
