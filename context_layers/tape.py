@@ -64,9 +64,11 @@ KIND_ALIASES: dict[str, tuple[str, ...]] = {
 
 
 #: the keys only the engine writes: ``_`` bookkeeping (a join's ``_mergedConflicts``, a branch's
-#: markers), HISTORY's records and KNOWLEDGE's retrieval hits (``kb:``). Nothing from outside the
-#: process (a person's or a model's answer, an event's payload, an inject) may write them
-ENGINE_KEY_PREFIXES = ("_", "activity:", "event:", "compaction:", "kb:")
+#: markers), HISTORY's records, the compressor's ``count_only`` counters (``summary:count:<pattern>``:
+#: the compressor and a join take such a value for a real count of removed entries) and KNOWLEDGE's
+#: retrieval hits (``kb:``). Nothing from outside the process (a person's or a model's answer, an
+#: event's payload, an inject, start data) may write them
+ENGINE_KEY_PREFIXES = ("_", "activity:", "event:", "compaction:", "summary:count:", "kb:")
 # Notes of an outside write of such a key, refused before it reached the context (no layer rule
 # refused it, so no ``denied`` event stands for it): the ``denied`` filter lists them. A layer's
 # refusal of an answer is its ``denied`` write; its note, naming the task, would list it twice.

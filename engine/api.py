@@ -19,6 +19,7 @@ import hmac
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -741,7 +742,7 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         route = request.scope.get("route")
         body_field = getattr(route, "body_field", None)
         body_model = body_field.field_info.annotation if body_field is not None else None
-        problems = [_problem(e, body_model) for e in err.errors()]
+        problems = [_problem(e, body_model, request.path_params) for e in err.errors()]
         if any(tuple(e.get("loc", ())) == ("body",) and isinstance(e.get("input"), bytes) for e in err.errors()):
             # FastAPI reads a body as JSON only when it is sent as JSON (curl's -d sends a form type):
             # the bytes it kept are no object, and "should be a valid dictionary" would not say why
@@ -1054,10 +1055,17 @@ def _not_in_store(instance_id: str) -> str:
     return f"instance {instance_id!r} is not in this server's store; GET /api/instances lists the instances it holds"
 
 
-def _problem(error: Any, body_model: Any = None) -> dict[str, str]:
+def _problem(error: Any, body_model: Any = None, path_params: Mapping[str, Any] | None = None) -> dict[str, str]:
     """One validation problem: the field it is in, and what is wrong (a field the body has no place
     for: the one meant, when its name is close to one)."""
     loc = tuple(error.get("loc", ()))
+    if loc == ("query", "until") and error.get("type") in ("greater_than_equal", "int_parsing"):
+        # replay's position on the tape: pydantic's "greater than or equal to 0" says neither what it
+        # is nor where to find one (as `layerflow replay --until` says)
+        iid = (path_params or {}).get("instance_id") or "ID"
+        return {"field": "query.until",
+                "message": f"until {error.get('input')!r}: a tape sequence number counts from 1 (0: before the "
+                           f"first event); GET /api/instances/{iid}/tape lists them (each event's `seq`)"}
     if error.get("type") == "extra_forbidden" and loc[:1] == ("body",) and len(loc) > 1:
         fields = _fields_at(body_model, loc[1:-1])
         name = str(loc[-1])

@@ -27,6 +27,7 @@ from SpiffWorkflow.util.task import TaskState
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.canonical import freeze
+from context_layers.compress_rules import count_key
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import ENGINE_RECORD_PREFIXES as ENGINE_RECORDS, Snapshot
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
@@ -111,8 +112,12 @@ ENGINE_RECORD_PREFIXES = ENGINE_RECORDS
 #: KNOWLEDGE's retrieval hits, ``kb:<collection>/<file>#<passage>``: one passage, one key (a join keeps
 #: the higher confidence of two branches' hits of it)
 RETRIEVAL_PREFIX = "kb:"
+#: the compressor's ``count_only`` counters, ``summary:count:<pattern>`` (the compressor and a join take
+#: such a value for a real count of the entries it removed)
+COUNTER_PREFIX = count_key("")
 ENGINE_KEY_RULE = ("keys starting with '_', 'activity:', 'event:' or 'compaction:' are the engine's bookkeeping "
-                   "and records, and 'kb:' keys the retrieval's passages")
+                   "and records, 'summary:count:' keys the compressor's count_only counters, and 'kb:' keys the "
+                   "retrieval's passages")
 
 
 def is_engine_key(key: str) -> bool:

@@ -81,7 +81,7 @@ from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
 from gateways.policy import MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 
-from .gateway_steps import (ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
+from .gateway_steps import (COUNTER_PREFIX, ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, option_value, short)
 from .gateway_steps import _deadline as confirmation_deadline
 from .answer import answer_problems
@@ -832,7 +832,7 @@ class Engine:
         The context defaults to the one of the failed task, else the main context. Writes
         obey the layer rules (a PROCESS key cannot be changed).
         """
-        from .governance import GovernanceService
+        from .governance import GovernanceService, refuse_engine_key
 
         instance = self._instance(instance)
         rt = _runtime_of(instance)
@@ -857,6 +857,8 @@ class Engine:
         # a branch already merged (or cancelled) is read by nothing, and a context whose branches
         # are open is merged against its split snapshot: a write there would reach nothing
         GovernanceService._writable(instance, ctx, "inject", values)
+        for key in values:  # data only, as REST inject: never a join's log, a record or a counter
+            refuse_engine_key(ctx, str(Layer.parse(layer)), key)
         for key, value in sorted(values.items()):  # in key order: a JSON object has none
             ctx.write(layer, key, value, actor=actor)
         self._save(instance)
@@ -1606,16 +1608,18 @@ def _prepared_start(process: Process, data: Mapping[str, Any] | None,
             raise ContextWriteDenied(MERGED_CONFLICTS_KEY, layer, layer, "the engine keeps this key: every "
                                      "parallel join logs its conflicts in it; initial data cannot set it, rename "
                                      "the key")
-        records = [k for k in data if k.startswith((*ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX))]
+        records = [k for k in data if k.startswith((*ENGINE_RECORD_PREFIXES, COUNTER_PREFIX, RETRIEVAL_PREFIX))]
         if records:
             # read before HISTORY (reads go L0 to L5), such a key would stand in for the record the
-            # engine or the compressor writes (a forged audit entry), or for the passage the
-            # retrieval finds (whose write it would then refuse: PROCESS is append-only)
+            # engine or the compressor writes (a forged audit entry, a count of entries never removed),
+            # or for the passage the retrieval finds (whose write it would then refuse: PROCESS is
+            # append-only)
             layer = process.data_layers.get(records[0], Layer.PROCESS)
             raise ContextWriteDenied(records[0], layer, layer, "keys starting with 'activity:', 'event:' or "
                                      "'compaction:' are HISTORY's records, written by the engine and the "
-                                     "compressor, and 'kb:' keys the retrieval's passages; initial data cannot "
-                                     "set them, rename the key")
+                                     "compressor, 'summary:count:' keys the compressor's count_only counters, "
+                                     "and 'kb:' keys the retrieval's passages; initial data cannot set them, "
+                                     "rename the key")
         # in key order: a JSON object has none, and the same data must make the same context (and the
         # same model requests) whatever order its keys came in
         ctx.apply_changes([(process.data_layers.get(k, Layer.PROCESS), k, v) for k, v in sorted(data.items())],

@@ -502,6 +502,19 @@ def _engine(store: Store, handlers: Mapping[str, Any] | None, model: str | None)
     return Engine(InstanceRecords(store), handlers, model=model)
 
 
+def _load_model_client(model: str | None) -> None:
+    """With a model, import litellm (seconds) before the first claim: imported at the first model
+    call, it ran down the lease of the entry in hand, and with a short ``idle_ms`` another worker took
+    the instance over meanwhile. A missing litellm ends the worker here, naming the package."""
+    if not model:
+        return
+    from .llm import load_litellm
+
+    started = time.monotonic()
+    load_litellm()
+    log.info("worker: model client for %r ready (litellm loaded in %.1fs)", model, time.monotonic() - started)
+
+
 def submit(store_url: str | Store, process_path: str | Path | Iterable[str | Path] | Process,
            data: Mapping[str, Any] | None = None, *,
            config: str | Path | None = None, process_id: str | None = None, instance_id: str | None = None,
@@ -574,6 +587,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
     store = _store(store_url)
     engine = _engine(store, handlers, model)
     client = client or queue_client(store.url, queue_url)
+    _load_model_client(model)
     queue = _Queue(client, stream, group, dead_stream or dead_stream_of(stream))
     consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
     ttl = lease_ttl if lease_ttl is not None else idle_ms / 1000
