@@ -62,7 +62,6 @@ class StubLLM:
     def __init__(self, default: Reply | None = None, model: str = "stub-model") -> None:
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
-        self.received: list[float] = []  # when each request came (time.time()), as ``requests``
         self.default = default or Reply.error(500, "stub script exhausted")
         self.model = model
         self._lock = threading.Lock()
@@ -82,7 +81,6 @@ class StubLLM:
     def _next(self, body: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(body)
-            self.received.append(time.time())
             return self.script.popleft() if self.script else self.default
 
     def start(self) -> "StubLLM":

@@ -53,11 +53,6 @@ def test_a_worker_with_a_model_loads_its_client_before_it_claims_an_entry(store:
     done = Engine(store).load(iid)
     assert done.main.resolve("letter") == "Dear Acme" and stub.requests[0]["model"] == "stub"
 
-    # the claim (the activity's `begin`, right after it) to the model's request: no import in between
-    (begin,) = [e for e in done.main.tape if e.kind == "begin" and e.activity == "draft_letter"]
-    waited = stub.received[0] - begin.time
-    assert 0 <= waited < 2.5, (waited, worker.stderr)
-
     # the log says when the client was ready, before the worker takes work
     lines = worker.stderr.splitlines()
     ready = [n for n, line in enumerate(lines) if "model client for 'openai/stub' ready" in line]
