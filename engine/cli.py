@@ -29,13 +29,12 @@ from typing import Any, NoReturn, get_args
 import click
 
 from context_layers import DELETED, Layer, LayeredContext, thaw
-from context_layers.tape import EventKind, kind_names, matches_kind
+from context_layers.tape import EventKind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
-from .governance import (InvalidAnswer, activity_events, event_document, moved_keys, no_activity,
-                         no_key_or_branch)
+from .governance import InvalidAnswer, event_document, moved_keys, tape_miss, tape_rows
 from .leases import LEASE_TTL, held_by, holding
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Status, Unattended, check_start,
@@ -1646,33 +1645,15 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
     else:
         names = list(instance.contexts)
-    kinds = kind_names(kind)
-    events = []
-    for name in names:
-        ctx = _context(instance, name, as_json)
-        found = (ctx.tape.filter(branch=branch, key=key) if activity is None
-                 else activity_events(ctx, activity, branch, key))
-        for e in found:
-            if (since is None or e.seq >= since) and (kinds is None or matches_kind(e, kinds)):
-                events.append((e.time, name, e))
-    events.sort(key=lambda t: (t[0], t[2].seq))
-    if limit is not None:
-        events = events[:limit]
-    if not events and kind:
-        seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
-                       for k in (e.kind, (e.data or {}).get("note")) if k})
-        click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
-                   err=True)
-    elif not events and activity:  # a mistyped BPMN id finds nothing as quietly as an id with no events
-        missing = no_activity(instance, names, activity)
-        if missing is not None:
-            click.echo(f"layerflow: {missing[0]}", err=True)
-    elif not events and (key or branch):  # a typo, or a branch the split did not take: say what is there
-        click.echo(f"layerflow: {no_key_or_branch([instance.contexts[n] for n in names], key, branch)[0]}", err=True)
+    events = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
+                       limit=limit)
+    if not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
+        note, _ = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since)
+        click.echo(f"layerflow: {note}", err=True)
     if as_json:
-        _Out(True).doc([event_document(name, e) for _, name, e in events])
+        _Out(True).doc([event_document(name, e) for name, e in events])
         return
-    for _, name, e in events:
+    for name, e in events:
         note = e.data.get("note") if e.data else None
         what = f"{e.kind}{':' + note if note else ''}"
         changes = ", ".join(f"L{c[0]}.{c[1]}" for c in e.changes[:6]) + (" …" if len(e.changes) > 6 else "")

@@ -1081,32 +1081,13 @@ class GovernanceService:
              since: int | None = None, limit: int | None = None) -> dict[str, Any]:
         instance = self.load(instance_id)
         names = [self.context_of(instance, context).name] if context else list(instance.contexts)
-        wanted = kind_names(kind)
-        rows = []
-        for name in names:
-            ctx = instance.contexts[name]
-            found = (ctx.tape.filter(branch=branch, key=key) if activity is None
-                     else activity_events(ctx, activity, branch, key))
-            for e in found:
-                if (since is None or e.seq >= since) and (wanted is None or matches_kind(e, wanted)):
-                    rows.append((e.time, name, e))
-        rows.sort(key=lambda r: (r[0], r[2].seq))
-        if limit is not None:
-            rows = rows[:limit]
+        rows = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
+                         limit=limit)
         doc = {"instance_id": instance.id, "version": instance.version, "count": len(rows),
-               "events": [event_document(name, e) for _, name, e in rows]}
-        if wanted is not None and not any(matches_kind(e, wanted) for n in names for e in instance.contexts[n].tape):
-            # a misspelt kind ("snapshots" works, "snap" does not) says so, as `layerflow tape` does
-            seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
-                           for k in (e.kind, (e.data or {}).get("note")) if k})
-            doc["note"] = f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}"
-            doc["kinds"] = seen
-        elif activity is not None and not rows:
-            missing = no_activity(instance, names, activity)
-            if missing is not None:  # a mistyped BPMN id, named as `layerflow tape --activity` names it
-                doc["note"], doc["activities"] = missing
-        elif (key is not None or branch is not None) and not rows:  # a typo, or a branch the split did not take
-            doc["note"], listed = no_key_or_branch((instance.contexts[n] for n in names), key, branch)
+               "events": [event_document(name, e) for name, e in rows]}
+        if not rows:  # a typo in a filter, or filters that exclude each other: say which, as `layerflow tape` does
+            doc["note"], listed = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key,
+                                            since=since)
             doc.update(listed)
         return doc
 
@@ -1818,6 +1799,57 @@ def no_key_or_branch(contexts: Iterable[LayeredContext], key: str | None,
         hint = f"did you mean {' or '.join(map(repr, near))}?" if near else f"{len(keys)} keys are changed on it"
         return f"no event of key {key!r} on this tape; {hint}", {"keys": keys}
     return (f"no event of key {key!r} in branch {branch!r}" if key and branch else "no event matches"), {}
+
+
+def tape_rows(instance: Instance, names: Iterable[str], *, kind: str | None, activity: str | None,
+              branch: str | None, key: str | None, since: int | None,
+              limit: int | None) -> list[tuple[str, Event]]:
+    """The events of the contexts ``names`` that pass every filter, by time, at most ``limit``:
+    (context name, event) pairs, as ``layerflow tape`` and REST's tape list them."""
+    wanted = kind_names(kind)
+    rows = []
+    for name in names:
+        ctx = instance.contexts[name]
+        found = (ctx.tape.filter(branch=branch, key=key) if activity is None
+                 else activity_events(ctx, activity, branch, key))
+        rows.extend((e.time, name, e) for e in found
+                    if (since is None or e.seq >= since) and (wanted is None or matches_kind(e, wanted)))
+    rows.sort(key=lambda r: (r[0], r[2].seq))
+    return [(name, e) for _, name, e in rows[:limit]]
+
+
+def tape_miss(instance: Instance, names: Iterable[str], *, kind: str | None, activity: str | None,
+              branch: str | None, key: str | None, since: int | None) -> tuple[str, dict[str, list[str]]]:
+    """What a tape listing of the contexts ``names`` that found nothing says (``layerflow tape`` on
+    stderr, the REST tape's ``note``), with what the tapes have by name: a filter that finds nothing
+    on them alone (a typo: the kinds, activities, keys or branches there), else the filters that find
+    nothing together, and where each tape ends when ``since`` is one of them."""
+    names = list(names)
+    contexts = [instance.contexts[n] for n in names]
+    wanted = kind_names(kind)
+    if wanted is not None and not any(matches_kind(e, wanted) for ctx in contexts for e in ctx.tape):
+        seen = sorted({str(k) for ctx in contexts for e in ctx.tape for k in (e.kind, (e.data or {}).get("note")) if k})
+        return f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}", {"kinds": seen}
+    if activity is not None:
+        missing = no_activity(instance, names, activity)
+        if missing is not None:
+            return missing[0], {"activities": missing[1]}
+    if key is not None or branch is not None:
+        note, listed = no_key_or_branch(contexts, key, branch)
+        if listed:
+            return note, listed
+    filters = [f"{what} {value!r}" for what, value in (("kind", kind), ("activity", activity), ("key", key),
+                                                       ("branch", branch)) if value is not None]
+    if since is not None:
+        filters.append(f"from #{since} on")
+    ends = ""
+    if since is not None:  # each context numbers its own tape from 1
+        shown = [f"{n} ends at #{ctx.tape[-1].seq if len(ctx.tape) else 0}" for n, ctx in zip(names, contexts)]
+        ends = f" (the tape of {', '.join(shown[:5])}{', ...' if len(shown) > 5 else ''})"
+    if len(filters) == 1:
+        return f"no event matches {filters[0]}{ends}", {}
+    each = "" if since is not None else "; the tape has events of each filter on its own: drop or change one"
+    return f"no event matches {', '.join(filters[:-1])} and {filters[-1]} together{ends}{each}", {}
 
 
 def activity_ids(contexts: Iterable[LayeredContext], elements: Iterable[str]) -> list[str]:

@@ -1,0 +1,61 @@
+"""A newcomer's clinical-trial enrolment (tests/engine/trial_o46/), driven only through the CLI:
+screening form -> eligibility script and consent form in parallel -> a conflict on ``eligible``
+at the join -> XOR with a default -> a baseline-visit sub-process with a 14-day timer ->
+randomisation -> enrolment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_helpers import ROOT
+
+TRIAL = Path(__file__).parent / "trial_o46" / "trial_enrolment.bpmn"
+ANSWERS = {"user_tasks": {"screening": {"age": 40}, "consent": {"consented": False, "eligible": False}},
+           "confirmations": {"checks_join/eligible": True}}
+
+
+def layerflow(*args: str, store: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYERFLOW_STORE": store}
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def waiting(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """An instance past the join (a person chose true), waiting in the baseline visit; (store, id)."""
+    tmp = tmp_path_factory.mktemp("trial_o46")
+    store = f"sqlite:///{tmp / 'trial.db'}"
+    answers = tmp / "answers.json"
+    answers.write_text(json.dumps(ANSWERS))
+    run = layerflow("run", str(TRIAL), "--data", '{"subject_id": "S-0042"}', "--answers", str(answers), "--json",
+                    store=store)
+    assert run.returncode == 3, run.stderr
+    doc: dict[str, Any] = json.loads(run.stdout)
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["baseline_visit", "visit_overdue"]
+    assert doc["conflicts"][0]["key"] == "eligible" and doc["conflicts"][0]["resolution"]["value"] is True
+    return store, doc["instance_id"]
+
+
+def test_tape_filters_that_exclude_each_other_do_not_blame_a_kind_the_tape_has(waiting) -> None:
+    """``--kind conflict`` with ``--since`` past it, or with a key it is not about, found nothing: the
+    tape has conflicts, so the message must not say it has none (it said ``no event of kind 'conflict'
+    here; kinds ...: ..., conflict, ...``); it names the filters that found nothing together, and
+    where the tapes end."""
+    store, iid = waiting
+    late = layerflow("tape", iid, "--kind", "conflict", "--since", "100", store=store)
+    assert late.returncode == 0 and late.stdout == ""
+    assert "no event of kind 'conflict' here" not in late.stderr
+    assert "kind 'conflict'" in late.stderr and "#100" in late.stderr and "main ends at #" in late.stderr
+    other_key = layerflow("tape", iid, "--kind", "conflict", "--key", "age", store=store)
+    assert "no event of kind 'conflict' here" not in other_key.stderr
+    assert "kind 'conflict'" in other_key.stderr and "key 'age'" in other_key.stderr
+    # --since alone past the end said nothing at all
+    past = layerflow("tape", iid, "--since", "100", "--json", store=store)
+    assert json.loads(past.stdout) == [] and "main ends at #" in past.stderr
