@@ -1811,7 +1811,8 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
 @main.command()
 @click.argument("instance_id")
 @click.option("--context", "context_name", default=None, help="a context name or branch id (default: main)")
-@click.option("--label", default=None, help="a label to find the snapshot by later")
+@click.option("--label", default=None,
+              help="a label shown beside the snapshot's id (`snapshot ID --list`, `tape`); rollback takes its id")
 @click.option("--list", "list_them", is_flag=True, help="list the instance's snapshots instead of taking one")
 @_store_option
 @_json_option

@@ -843,6 +843,14 @@ class SnapshotNotFound(ContextKeyError):
         known = snapshot_list(instance, ctx)
         where = f" context {ctx.name!r} of" if ctx is not None else ""
         self.instance_id, self.snapshot_id, self.recent = instance.id, snapshot_id, known[:5]
+        labelled = [s["snapshot_id"] for s in known if s["label"] == snapshot_id]
+        if labelled:  # `snapshot --label` names a snapshot for people; a rollback takes its id
+            ids = " or ".join(map(repr, labelled))
+            super().__init__(
+                f"no snapshot {snapshot_id!r} in{where} instance {instance.id}: {snapshot_id!r} is the label of "
+                f"snapshot {ids}; a rollback takes the id: `layerflow rollback {instance.id} {labelled[0]}` (REST: "
+                f'"snapshot_id": "{labelled[0]}")')
+            return
         super().__init__(
             f"no snapshot {snapshot_id!r} in{where} instance {instance.id}; recent snapshots: {recent_snapshots(known)}; "
             f"`layerflow snapshot {instance.id} --list` shows them all (REST: "

@@ -59,3 +59,20 @@ def test_tape_filters_that_exclude_each_other_do_not_blame_a_kind_the_tape_has(w
     # --since alone past the end said nothing at all
     past = layerflow("tape", iid, "--since", "100", "--json", store=store)
     assert json.loads(past.stdout) == [] and "main ends at #" in past.stderr
+
+
+def test_rollback_by_a_snapshots_label_names_the_snapshot_id(waiting) -> None:
+    """``snapshot --label`` is "a label to find the snapshot by later": an operator gives it to
+    ``rollback``, which said only ``no snapshot 'before-audit'`` while listing ``snap:main:N
+    (before-audit)``. The refusal names the id that label belongs to, to give instead."""
+    store, iid = waiting
+    taken = layerflow("snapshot", iid, "--label", "before-audit", store=store)
+    assert taken.returncode == 0, taken.stderr
+    snap = taken.stdout.strip()
+    by_label = layerflow("rollback", iid, "before-audit", "--json", store=store)
+    assert by_label.returncode == 2
+    error = json.loads(by_label.stdout)["error"]
+    assert "'before-audit' is the label of snapshot " + repr(snap) in error["message"]
+    assert f"`layerflow rollback {iid} {snap}`" in error["message"]
+    help_text = layerflow("snapshot", "--help", store=store).stdout
+    assert "--label" in help_text and "rollback takes its id" in " ".join(help_text.split())
