@@ -1846,7 +1846,8 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
 
 
 @main.command()
-def schema() -> None:
+@click.option("--json", "as_json", is_flag=True, help="the same one JSON document (taken as every command takes it)")
+def schema(as_json: bool) -> None:
     """The JSON Schema of an activity's config (ActivityExtensionConfig), for editors and CI."""
     from context_layers.config import config_json_schema
 

@@ -76,3 +76,13 @@ def test_rollback_by_a_snapshots_label_names_the_snapshot_id(waiting) -> None:
     assert f"`layerflow rollback {iid} {snap}`" in error["message"]
     help_text = layerflow("snapshot", "--help", store=store).stdout
     assert "--label" in help_text and "rollback takes its id" in " ".join(help_text.split())
+
+
+def test_schema_takes_json_as_every_command_does(tmp_path: Path) -> None:
+    """A script adds ``--json`` to every layerflow command; ``schema`` refused it (``No such option
+    '--json'``, exit 2) although what it prints is one JSON document: it takes the flag."""
+    store = f"sqlite:///{tmp_path / 'none.db'}"
+    flagged = layerflow("schema", "--json", store=store)
+    assert flagged.returncode == 0, flagged.stderr
+    assert json.loads(flagged.stdout)["title"] == "ActivityExtensionConfig"
+    assert "--json" in layerflow("schema", "--help", store=store).stdout
