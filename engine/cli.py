@@ -1851,6 +1851,9 @@ def schema(as_json: bool) -> None:
     """The JSON Schema of an activity's config (ActivityExtensionConfig), for editors and CI."""
     from context_layers.config import config_json_schema
 
+    if as_json:  # the one document on the real stdout, as every --json command gives it
+        _Out(True).doc(config_json_schema())
+        return
     click.echo(json.dumps(config_json_schema(), indent=2, ensure_ascii=False))
 
 
