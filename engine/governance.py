@@ -1886,9 +1886,21 @@ def no_activity(instance: Instance, names: Iterable[str], activity: str) -> tupl
     """What a tape filter by ``activity`` that found nothing says (``layerflow tape`` on stderr, the
     REST tape's ``note``) when no event on the tapes of contexts ``names`` is of it: the nearest ids
     and all of them; None when the id is there (it has no event matching the other filters)."""
-    ids = activity_ids((instance.contexts[n] for n in names), instance.process.element_ids())
+    process = instance.process
+    ids = activity_ids((instance.contexts[n] for n in names), process.element_ids())
     if activity in ids:
         return None
+    inner = process.subprocess_specs.get(activity)
+    if inner is not None:  # its tasks have the events (a sub-process takes no context step of its own)
+        inside = [ts.bpmn_id for ts in spiff.iter_user_specs(inner)]
+        with_events = [i for i in inside if i in ids]
+        return (f"no event of activity {activity!r} here: {activity!r} is a sub-process of process {process.id!r} (or "
+                f"a process it calls), whose events are those of the elements inside it ({', '.join(inside)}): give "
+                f"one of them to --activity; of them, events on this tape: {', '.join(with_events) or 'none'}"), ids
+    if activity in process.element_ids():  # no typo: the element was not reached, or takes no context step
+        return (f"no event of activity {activity!r} here: {activity!r} is an element of process {process.id!r} with no "
+                f"event on this tape (not reached, or no step of its own); activities and gateways on this tape: "
+                f"{', '.join(ids) or 'none'}"), ids
     near = difflib.get_close_matches(activity, ids, n=3)
     hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
     return (f"no event of activity {activity!r} here; {hint}activities and gateways on this tape: "

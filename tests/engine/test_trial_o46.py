@@ -86,3 +86,21 @@ def test_schema_takes_json_as_every_command_does(tmp_path: Path) -> None:
     assert flagged.returncode == 0, flagged.stderr
     assert json.loads(flagged.stdout)["title"] == "ActivityExtensionConfig"
     assert "--json" in layerflow("schema", "--help", store=store).stdout
+
+
+def test_tape_activity_of_a_sub_process_is_not_called_a_typo(waiting) -> None:
+    """``--activity baseline`` names the sub-process the instance waits in: no typo, but it has no
+    events of its own. The message said ``did you mean 'baseline_visit'?`` as for a misspelt id; it
+    says what ``baseline`` is and which of its tasks have events (none yet: the visit waits), and a
+    boundary event with no event yet is an element of the process too, not a typo."""
+    store, iid = waiting
+    sub = layerflow("tape", iid, "--activity", "baseline", store=store)
+    assert sub.returncode == 0 and sub.stdout == ""
+    assert "did you mean" not in sub.stderr
+    assert "'baseline' is a sub-process of process 'trial_enrolment'" in sub.stderr
+    assert "baseline_visit" in sub.stderr  # the task inside it, by id
+    timer = layerflow("tape", iid, "--activity", "visit_overdue", store=store)
+    assert "did you mean" not in timer.stderr
+    assert "'visit_overdue' is an element of process 'trial_enrolment' with no event on this tape" in timer.stderr
+    typo = layerflow("tape", iid, "--activity", "eligibilty", store=store)
+    assert "did you mean 'eligibility'?" in typo.stderr
