@@ -1631,7 +1631,8 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
 @click.option("--activity", default=None, help="events of this activity (BPMN id)")
 @click.option("--key", default=None, help="events that change this key")
 @click.option("--branch", default=None, help="events of this branch id")
-@click.option("--since", type=int, default=None, help="from this sequence number")
+@click.option("--since", type=click.IntRange(min=0), default=None,
+              help="from this sequence number (each context numbers its own tape from 1)")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="at most this many events, the first ones (as REST's tape?limit=)")
 @_store_option

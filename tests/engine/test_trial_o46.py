@@ -59,6 +59,9 @@ def test_tape_filters_that_exclude_each_other_do_not_blame_a_kind_the_tape_has(w
     # --since alone past the end said nothing at all
     past = layerflow("tape", iid, "--since", "100", "--json", store=store)
     assert json.loads(past.stdout) == [] and "main ends at #" in past.stderr
+    # a negative --since listed the whole tape, where REST's tape?since=-3 is refused (422)
+    negative = layerflow("tape", iid, "--since", "-3", store=store)
+    assert negative.returncode == 2 and negative.stdout == "" and "--since" in negative.stderr
 
 
 def test_rollback_by_a_snapshots_label_names_the_snapshot_id(waiting) -> None:
