@@ -32,6 +32,7 @@ from context_layers import DELETED, Layer, LayeredContext, thaw
 from context_layers.tape import EventKind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
+from gateways.policy import ESCALATE
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
 from .governance import InvalidAnswer, event_document, moved_keys, tape_miss, tape_rows
@@ -283,7 +284,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
             # the open one: a loop back through a join asks again under the same id, with new options
             same = [c for c in instance.confirmations if c["id"] == w["id"]]
             entry = next((c for c in same if not c.get("answered")), same[-1] if same else {})
-            values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in entry.get("options", []))
+            values = _option_words(entry.get("options", []))
             how = f"--answer {shlex.quote(w['id'] + '=VALUE')}` (VALUE: {values})"  # a key may hold a space
             if w.get("escalated"):
                 how += " [escalated: no answer before the deadline]"
@@ -478,6 +479,13 @@ def _suggested(item: dict[str, Any]) -> Any:
     return item.get("default")
 
 
+def _option_words(options: list[dict[str, Any]]) -> str:
+    """A confirmation's option values as `--answer KEY=VALUE` takes them: JSON, and the word
+    ``escalate`` for ``"$escalate"``, which a shell pasting it in double quotes expands to nothing."""
+    return " | ".join("escalate" if o.get("value") == ESCALATE else json.dumps(o.get("value"), ensure_ascii=False)
+                      for o in options)
+
+
 def _asker(out: _Out, yes: bool, answered: bool,
            clock: Callable[[], float] = time.time) -> Callable[[dict[str, Any]], Any] | None:
     if yes:
@@ -488,7 +496,7 @@ def _asker(out: _Out, yes: bool, answered: bool,
             if value is None and item.get("kind") == "confirmation" and item.get("id") not in told:
                 # --yes takes a suggestion: say why this one is left waiting, and what answers it
                 told.add(item["id"])
-                values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in item.get("options", []))
+                values = _option_words(item.get("options", []))
                 out.info(f"--yes: confirmation {item['id']!r} has no suggestion to take (no conflictPolicy rule or "
                          f"model suggested a value, and it has no default): it waits; answer it with --answer "
                          f"{shlex.quote(item['id'] + '=VALUE')} (VALUE: {values})")

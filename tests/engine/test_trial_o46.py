@@ -107,3 +107,16 @@ def test_tape_activity_of_a_sub_process_is_not_called_a_typo(waiting) -> None:
     assert "'visit_overdue' is an element of process 'trial_enrolment' with no event on this tape" in timer.stderr
     typo = layerflow("tape", iid, "--activity", "eligibilty", store=store)
     assert "did you mean 'eligibility'?" in typo.stderr
+
+
+def test_the_answer_hint_gives_escalate_as_a_shell_takes_it(tmp_path: Path) -> None:
+    """The waiting conflict's hint listed ``(VALUE: true | false | "$escalate")``: pasted into a shell,
+    ``--answer checks_join/eligible="$escalate"`` expands an unset variable and answers ``''``
+    (refused). The hint gives the word the CLI takes for it, ``escalate``."""
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({"user_tasks": ANSWERS["user_tasks"]}))
+    run = layerflow("run", str(TRIAL), "--data", '{"subject_id": "S-0050"}', "--answers", str(answers),
+                    store=f"sqlite:///{tmp_path / 'hint.db'}")
+    assert run.returncode == 3, run.stderr
+    hint = next(line for line in run.stdout.splitlines() if "waiting for confirmation checks_join/eligible" in line)
+    assert "(VALUE: true | false | escalate)" in hint and "$escalate" not in hint
