@@ -430,6 +430,10 @@ def _yaml_date(value: Any, path: str = "") -> tuple[str, str] | None:
     return None
 
 
+# Python's spelling of JSON's literals: `--set eligible=False` is the text 'False', not false
+_PYTHON_WORDS = {"True": "true", "False": "false", "None": "null"}
+
+
 def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -1060,6 +1064,10 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                               details={"instance_id": instance.id, "key": getattr(err, "key", None)})
                     for line in hints:  # the write stands: a new key may be the fix
                         out.info(f"layerflow: --set {line}")
+                    for key, value in values.items():  # Python's word for a JSON literal is text here
+                        if isinstance(value, str) and value in _PYTHON_WORDS:
+                            out.info(f"layerflow: --set {key}={value}: {value} is not JSON, so it was written as the "
+                                     f"text {value!r}; write {key}={_PYTHON_WORDS[value]} for the JSON value")
                 _unknown_user_tasks(instance, answers_file, answers, answer, as_json)
                 _user_task_answers_are_objects(instance.process, answer, as_json)
                 given = _answer_keys(instance, answers, answer)

@@ -120,3 +120,21 @@ def test_the_answer_hint_gives_escalate_as_a_shell_takes_it(tmp_path: Path) -> N
     assert run.returncode == 3, run.stderr
     hint = next(line for line in run.stdout.splitlines() if "waiting for confirmation checks_join/eligible" in line)
     assert "(VALUE: true | false | escalate)" in hint and "$escalate" not in hint
+
+
+def test_an_escalated_conflict_shows_json_values_and_set_warns_on_python_words(tmp_path: Path) -> None:
+    """The escalation's message showed the branches' values as Python (``eligibility=True,
+    consent=False``) beside ``--set eligible=VALUE``, whose VALUE is JSON, else text: an operator who
+    copied ``False`` wrote the text 'False' into the branch. The message shows JSON (``true``,
+    ``false``), and ``--set`` names the text a Python word becomes, with the JSON to write instead."""
+    store = f"sqlite:///{tmp_path / 'escalated.db'}"
+    answers = tmp_path / "answers.json"
+    answers.write_text(json.dumps({**ANSWERS, "confirmations": {"checks_join/eligible": "$escalate"}}))
+    run = layerflow("run", str(TRIAL), "--data", '{"subject_id": "S-0051"}', "--answers", str(answers), "--json",
+                    store=store)
+    assert run.returncode == 1, run.stderr
+    doc = json.loads(run.stdout)
+    assert "eligibility=true, consent=false" in doc["error"]["message"], doc["error"]["message"]
+    fixed = layerflow("resume", doc["instance_id"], "--set", "eligible=False", "--context", "consent", store=store)
+    assert "--set eligible=False: False is not JSON, so it was written as the text 'False'" in fixed.stderr
+    assert "write eligible=false for the JSON value" in fixed.stderr
