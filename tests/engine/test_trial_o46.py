@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,12 @@ def layerflow(*args: str, store: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYERFLOW_STORE": store}
     return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=120)
+
+
+def layerflow_all(*calls: tuple[str, ...], store: str) -> list[subprocess.CompletedProcess[str]]:
+    """Independent commands at once (each is a process of its own): the module stays quick."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda args: layerflow(*args, store=store), calls))
 
 
 @pytest.fixture(scope="module")
@@ -49,18 +56,17 @@ def test_tape_filters_that_exclude_each_other_do_not_blame_a_kind_the_tape_has(w
     here; kinds ...: ..., conflict, ...``); it names the filters that found nothing together, and
     where the tapes end."""
     store, iid = waiting
-    late = layerflow("tape", iid, "--kind", "conflict", "--since", "100", store=store)
+    late, other_key, past, negative = layerflow_all(
+        ("tape", iid, "--kind", "conflict", "--since", "100"), ("tape", iid, "--kind", "conflict", "--key", "age"),
+        ("tape", iid, "--since", "100", "--json"), ("tape", iid, "--since", "-3"), store=store)
     assert late.returncode == 0 and late.stdout == ""
     assert "no event of kind 'conflict' here" not in late.stderr
     assert "kind 'conflict'" in late.stderr and "#100" in late.stderr and "main ends at #" in late.stderr
-    other_key = layerflow("tape", iid, "--kind", "conflict", "--key", "age", store=store)
     assert "no event of kind 'conflict' here" not in other_key.stderr
     assert "kind 'conflict'" in other_key.stderr and "key 'age'" in other_key.stderr
     # --since alone past the end said nothing at all
-    past = layerflow("tape", iid, "--since", "100", "--json", store=store)
     assert json.loads(past.stdout) == [] and "main ends at #" in past.stderr
     # a negative --since listed the whole tape, where REST's tape?since=-3 is refused (422)
-    negative = layerflow("tape", iid, "--since", "-3", store=store)
     assert negative.returncode == 2 and negative.stdout == "" and "--since" in negative.stderr
 
 
@@ -72,12 +78,12 @@ def test_rollback_by_a_snapshots_label_names_the_snapshot_id(waiting) -> None:
     taken = layerflow("snapshot", iid, "--label", "before-audit", store=store)
     assert taken.returncode == 0, taken.stderr
     snap = taken.stdout.strip()
-    by_label = layerflow("rollback", iid, "before-audit", "--json", store=store)
+    by_label, helped = layerflow_all(("rollback", iid, "before-audit", "--json"), ("snapshot", "--help"), store=store)
     assert by_label.returncode == 2
     error = json.loads(by_label.stdout)["error"]
     assert "'before-audit' is the label of snapshot " + repr(snap) in error["message"]
     assert f"`layerflow rollback {iid} {snap}`" in error["message"]
-    help_text = layerflow("snapshot", "--help", store=store).stdout
+    help_text = helped.stdout
     assert "--label" in help_text and "rollback takes its id" in " ".join(help_text.split())
 
 
@@ -85,10 +91,10 @@ def test_schema_takes_json_as_every_command_does(tmp_path: Path) -> None:
     """A script adds ``--json`` to every layerflow command; ``schema`` refused it (``No such option
     '--json'``, exit 2) although what it prints is one JSON document: it takes the flag."""
     store = f"sqlite:///{tmp_path / 'none.db'}"
-    flagged = layerflow("schema", "--json", store=store)
+    flagged, helped = layerflow_all(("schema", "--json"), ("schema", "--help"), store=store)
     assert flagged.returncode == 0, flagged.stderr
     assert json.loads(flagged.stdout)["title"] == "ActivityExtensionConfig"
-    assert "--json" in layerflow("schema", "--help", store=store).stdout
+    assert "--json" in helped.stdout
 
 
 def test_tape_activity_of_a_sub_process_is_not_called_a_typo(waiting) -> None:
@@ -97,15 +103,14 @@ def test_tape_activity_of_a_sub_process_is_not_called_a_typo(waiting) -> None:
     says what ``baseline`` is and which of its tasks have events (none yet: the visit waits), and a
     boundary event with no event yet is an element of the process too, not a typo."""
     store, iid = waiting
-    sub = layerflow("tape", iid, "--activity", "baseline", store=store)
+    sub, timer, typo = layerflow_all(("tape", iid, "--activity", "baseline"), ("tape", iid, "--activity", "visit_overdue"),
+                                     ("tape", iid, "--activity", "eligibilty"), store=store)
     assert sub.returncode == 0 and sub.stdout == ""
     assert "did you mean" not in sub.stderr
     assert "'baseline' is a sub-process of process 'trial_enrolment'" in sub.stderr
     assert "baseline_visit" in sub.stderr  # the task inside it, by id
-    timer = layerflow("tape", iid, "--activity", "visit_overdue", store=store)
     assert "did you mean" not in timer.stderr
     assert "'visit_overdue' is an element of process 'trial_enrolment' with no event on this tape" in timer.stderr
-    typo = layerflow("tape", iid, "--activity", "eligibilty", store=store)
     assert "did you mean 'eligibility'?" in typo.stderr
 
 
