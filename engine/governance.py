@@ -988,7 +988,13 @@ class GovernanceService:
                     f"instance {instance.id} runs branch {name!r} in {len(open_)} contexts at once: "
                     f"{', '.join(open_)}; name the one you mean in full")
             return instance.contexts[(open_ or matches)[-1]]
-        raise ContextKeyError(f"instance {instance.id} has no context or branch {name!r}; contexts: "
+        element = ""
+        if name in instance.process.element_ids():  # no typo: a sub-process or a task, which opens no context
+            branches = sorted({str(i["branch_id"]) for i in instance.branches.values() if i.get("branch_id")})
+            element = (f"; {name!r} is an element of process {instance.process.id!r} with no context of its own: "
+                       f"its steps run in the context of the flow it is on (main, or the parallel branch it is in, "
+                       f"named by the branch's first element once its split ran: {', '.join(branches) or 'none yet'})")
+        raise ContextKeyError(f"instance {instance.id} has no context or branch {name!r}{element}; contexts: "
                               f"{', '.join(instance.contexts)}")
 
     @staticmethod

@@ -103,8 +103,9 @@ def test_tape_activity_of_a_sub_process_is_not_called_a_typo(waiting) -> None:
     says what ``baseline`` is and which of its tasks have events (none yet: the visit waits), and a
     boundary event with no event yet is an element of the process too, not a typo."""
     store, iid = waiting
-    sub, timer, typo = layerflow_all(("tape", iid, "--activity", "baseline"), ("tape", iid, "--activity", "visit_overdue"),
-                                     ("tape", iid, "--activity", "eligibilty"), store=store)
+    sub, timer, typo, context = layerflow_all(
+        ("tape", iid, "--activity", "baseline"), ("tape", iid, "--activity", "visit_overdue"),
+        ("tape", iid, "--activity", "eligibilty"), ("inspect", iid, "--context", "baseline"), store=store)
     assert sub.returncode == 0 and sub.stdout == ""
     assert "did you mean" not in sub.stderr
     assert "'baseline' is a sub-process of process 'trial_enrolment'" in sub.stderr
@@ -112,6 +113,10 @@ def test_tape_activity_of_a_sub_process_is_not_called_a_typo(waiting) -> None:
     assert "did you mean" not in timer.stderr
     assert "'visit_overdue' is an element of process 'trial_enrolment' with no event on this tape" in timer.stderr
     assert "did you mean 'eligibility'?" in typo.stderr
+    # nor is it a context: it runs in the context of the flow it is on (main), which the refusal says
+    assert context.returncode == 2
+    assert ("'baseline' is an element of process 'trial_enrolment' with no context of its own"
+            in context.stderr), context.stderr
 
 
 def test_the_answer_hint_gives_escalate_as_a_shell_takes_it(tmp_path: Path) -> None:
