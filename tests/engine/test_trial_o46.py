@@ -148,3 +148,13 @@ def test_an_escalated_conflict_shows_json_values_and_set_warns_on_python_words(t
     fixed = layerflow("resume", doc["instance_id"], "--set", "eligible=False", "--context", "consent", store=store)
     assert "--set eligible=False: False is not JSON, so it was written as the text 'False'" in fixed.stderr
     assert "write eligible=false for the JSON value" in fixed.stderr
+
+
+def test_a_data_file_given_as_a_bpmn_file_is_named_as_such(tmp_path: Path) -> None:
+    """``layerflow run trial.bpmn subject.json`` (``--data`` forgotten) said only ``not well-formed
+    XML: Start tag expected``: the JSON file is named as no BPMN, with the option it belongs to."""
+    data = tmp_path / "subject.json"
+    data.write_text('{"subject_id": "S-0052"}')
+    run = layerflow("run", str(TRIAL), str(data), store=f"sqlite:///{tmp_path / 'x.db'}")
+    assert run.returncode == 2 and "subject.json" in run.stderr
+    assert "it is no BPMN but JSON or YAML: give start data with --data FILE" in run.stderr
