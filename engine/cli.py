@@ -28,7 +28,7 @@ from typing import Any, NoReturn, get_args
 
 import click
 
-from context_layers import DELETED, Layer, LayeredContext, thaw
+from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
 from context_layers.tape import EventKind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
@@ -451,16 +451,25 @@ def _answers(answers_file: str | None, answer: tuple[str, ...], as_json: bool) -
     except InvalidAnswer as err:
         _fail(str(err), as_json=as_json)
     out = {"user_tasks": dict(doc.get("user_tasks") or {}), "confirmations": dict(doc.get("confirmations") or {})}
+    given: dict[str, Any] = {}
     for item in answer:
         key, sep, value = item.partition("=")
         if not sep or not key:
             _fail(f"--answer {item!r}: write KEY=VALUE (KEY: a confirmation id, GATEWAY/KEY, *, or a user task id)",
                   as_json=as_json)
         parsed = _parse_value(value)
+        if key in given and not json_equal(given[key], parsed):  # two answers to one step: which one was meant?
+            _fail(f"--answer {key!r} is given twice with different values: {_value_text(given[key])} and "
+                  f"{_value_text(parsed)}; give one answer per step", as_json=as_json)
+        given[key] = parsed
         out["confirmations"][key] = parsed
         if isinstance(parsed, dict):
             out["user_tasks"][key] = parsed
     return out
+
+
+def _value_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def _person(by: str | None, as_json: bool) -> str | None:

@@ -158,3 +158,20 @@ def test_a_data_file_given_as_a_bpmn_file_is_named_as_such(tmp_path: Path) -> No
     run = layerflow("run", str(TRIAL), str(data), store=f"sqlite:///{tmp_path / 'x.db'}")
     assert run.returncode == 2 and "subject.json" in run.stderr
     assert "it is no BPMN but JSON or YAML: give start data with --data FILE" in run.stderr
+
+
+def test_two_different_answers_to_one_step_are_refused(tmp_path: Path) -> None:
+    """``--answer screening='{"age": 40}' --answer screening='{"age": 41}'`` took the last one
+    silently: two people's answers (or a copy-paste slip) to one step. Refused, naming the key and
+    both values, nothing run; the same answer given twice is no conflict."""
+    store = f"sqlite:///{tmp_path / 'twice.db'}"
+    two, same = layerflow_all(
+        ("run", str(TRIAL), "--data", '{"subject_id": "S-0053"}', "--answer", 'screening={"age": 40}',
+         "--answer", 'screening={"age": 41}', "--json"),
+        ("run", str(TRIAL), "--data", '{"subject_id": "S-0054"}', "--answer", 'screening={"age": 40}',
+         "--answer", 'screening={"age": 40}', "--json"), store=store)
+    assert two.returncode == 2
+    message = json.loads(two.stdout)["error"]["message"]
+    assert "--answer 'screening' is given twice with different values" in message, message
+    assert '{"age": 40}' in message and '{"age": 41}' in message
+    assert same.returncode == 3 and json.loads(same.stdout)["waiting_for"][0]["task_id"] == "consent"
