@@ -1674,8 +1674,8 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
     events = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
                        limit=limit)
     if not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
-        note, _ = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since)
-        click.echo(f"layerflow: {note}", err=True)
+        miss, _ = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since)
+        click.echo(f"layerflow: {miss}", err=True)
     if as_json:
         _Out(True).doc([event_document(name, e) for name, e in events])
         return

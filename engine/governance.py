@@ -1821,7 +1821,7 @@ def tape_rows(instance: Instance, names: Iterable[str], *, kind: str | None, act
     """The events of the contexts ``names`` that pass every filter, by time, at most ``limit``:
     (context name, event) pairs, as ``layerflow tape`` and REST's tape list them."""
     wanted = kind_names(kind)
-    rows = []
+    rows: list[tuple[float, str, Event]] = []
     for name in names:
         ctx = instance.contexts[name]
         found = (ctx.tape.filter(branch=branch, key=key) if activity is None
