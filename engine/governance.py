@@ -1843,7 +1843,10 @@ def tape_miss(instance: Instance, names: Iterable[str], *, kind: str | None, act
     wanted = kind_names(kind)
     if wanted is not None and not any(matches_kind(e, wanted) for ctx in contexts for e in ctx.tape):
         seen = sorted({str(k) for ctx in contexts for e in ctx.tape for k in (e.kind, (e.data or {}).get("note")) if k})
-        return f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}", {"kinds": seen}
+        near = difflib.get_close_matches(str(kind), seen, n=3)
+        hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+        return (f"no event of kind {kind!r} here; {hint}kinds and notes on this tape: {', '.join(seen)}",
+                {"kinds": seen})
     if activity is not None:
         missing = no_activity(instance, names, activity)
         if missing is not None:

@@ -56,14 +56,17 @@ def test_tape_filters_that_exclude_each_other_do_not_blame_a_kind_the_tape_has(w
     here; kinds ...: ..., conflict, ...``); it names the filters that found nothing together, and
     where the tapes end."""
     store, iid = waiting
-    late, other_key, past, negative = layerflow_all(
+    late, other_key, past, negative, kind_typo = layerflow_all(
         ("tape", iid, "--kind", "conflict", "--since", "100"), ("tape", iid, "--kind", "conflict", "--key", "age"),
-        ("tape", iid, "--since", "100", "--json"), ("tape", iid, "--since", "-3"), store=store)
+        ("tape", iid, "--since", "100", "--json"), ("tape", iid, "--since", "-3"), ("tape", iid, "--kind", "confict"),
+        store=store)
     assert late.returncode == 0 and late.stdout == ""
     assert "no event of kind 'conflict' here" not in late.stderr
     assert "kind 'conflict'" in late.stderr and "#100" in late.stderr and "main ends at #" in late.stderr
     assert "no event of kind 'conflict' here" not in other_key.stderr
     assert "kind 'conflict'" in other_key.stderr and "key 'age'" in other_key.stderr
+    # a misspelt kind gets the nearest kinds, as a misspelt activity or key does
+    assert "no event of kind 'confict' here; did you mean 'conflict'?" in kind_typo.stderr
     # --since alone past the end said nothing at all
     assert json.loads(past.stdout) == [] and "main ends at #" in past.stderr
     # a negative --since listed the whole tape, where REST's tape?since=-3 is refused (422)
