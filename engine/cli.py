@@ -28,14 +28,14 @@ from typing import Any, NoReturn, get_args
 
 import click
 
-from context_layers import DELETED, Layer, LayeredContext, thaw
-from context_layers.tape import EventKind, kind_names, matches_kind
+from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
+from context_layers.tape import EventKind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
+from gateways.policy import ESCALATE
 
 from .confirm import TerminalPrompt, stdin_is_terminal, terminal_text
-from .governance import (InvalidAnswer, activity_events, event_document, moved_keys, no_activity,
-                         no_key_or_branch)
+from .governance import InvalidAnswer, event_document, moved_keys, tape_miss, tape_rows
 from .leases import LEASE_TTL, held_by, holding
 from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Status, Unattended, check_start,
@@ -284,7 +284,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
             # the open one: a loop back through a join asks again under the same id, with new options
             same = [c for c in instance.confirmations if c["id"] == w["id"]]
             entry = next((c for c in same if not c.get("answered")), same[-1] if same else {})
-            values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in entry.get("options", []))
+            values = _option_words(entry.get("options", []))
             how = f"--answer {shlex.quote(w['id'] + '=VALUE')}` (VALUE: {values})"  # a key may hold a space
             if w.get("escalated"):
                 how += " [escalated: no answer before the deadline]"
@@ -430,6 +430,10 @@ def _yaml_date(value: Any, path: str = "") -> tuple[str, str] | None:
     return None
 
 
+# Python's spelling of JSON's literals: `--set eligible=False` is the text 'False', not false
+_PYTHON_WORDS = {"True": "true", "False": "false", "None": "null"}
+
+
 def _parse_value(text: str) -> Any:
     try:
         return json.loads(text)
@@ -447,16 +451,25 @@ def _answers(answers_file: str | None, answer: tuple[str, ...], as_json: bool) -
     except InvalidAnswer as err:
         _fail(str(err), as_json=as_json)
     out = {"user_tasks": dict(doc.get("user_tasks") or {}), "confirmations": dict(doc.get("confirmations") or {})}
+    given: dict[str, Any] = {}
     for item in answer:
         key, sep, value = item.partition("=")
         if not sep or not key:
             _fail(f"--answer {item!r}: write KEY=VALUE (KEY: a confirmation id, GATEWAY/KEY, *, or a user task id)",
                   as_json=as_json)
         parsed = _parse_value(value)
+        if key in given and not json_equal(given[key], parsed):  # two answers to one step: which one was meant?
+            _fail(f"--answer {key!r} is given twice with different values: {_value_text(given[key])} and "
+                  f"{_value_text(parsed)}; give one answer per step", as_json=as_json)
+        given[key] = parsed
         out["confirmations"][key] = parsed
         if isinstance(parsed, dict):
             out["user_tasks"][key] = parsed
     return out
+
+
+def _value_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def _person(by: str | None, as_json: bool) -> str | None:
@@ -479,6 +492,13 @@ def _suggested(item: dict[str, Any]) -> Any:
     return item.get("default")
 
 
+def _option_words(options: list[dict[str, Any]]) -> str:
+    """A confirmation's option values as `--answer KEY=VALUE` takes them: JSON, and the word
+    ``escalate`` for ``"$escalate"``, which a shell pasting it in double quotes expands to nothing."""
+    return " | ".join("escalate" if o.get("value") == ESCALATE else json.dumps(o.get("value"), ensure_ascii=False)
+                      for o in options)
+
+
 def _asker(out: _Out, yes: bool, answered: bool,
            clock: Callable[[], float] = time.time) -> Callable[[dict[str, Any]], Any] | None:
     if yes:
@@ -489,7 +509,7 @@ def _asker(out: _Out, yes: bool, answered: bool,
             if value is None and item.get("kind") == "confirmation" and item.get("id") not in told:
                 # --yes takes a suggestion: say why this one is left waiting, and what answers it
                 told.add(item["id"])
-                values = " | ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in item.get("options", []))
+                values = _option_words(item.get("options", []))
                 out.info(f"--yes: confirmation {item['id']!r} has no suggestion to take (no conflictPolicy rule or "
                          f"model suggested a value, and it has no default): it waits; answer it with --answer "
                          f"{shlex.quote(item['id'] + '=VALUE')} (VALUE: {values})")
@@ -1053,6 +1073,10 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                               details={"instance_id": instance.id, "key": getattr(err, "key", None)})
                     for line in hints:  # the write stands: a new key may be the fix
                         out.info(f"layerflow: --set {line}")
+                    for key, value in values.items():  # Python's word for a JSON literal is text here
+                        if isinstance(value, str) and value in _PYTHON_WORDS:
+                            out.info(f"layerflow: --set {key}={value}: {value} is not JSON, so it was written as the "
+                                     f"text {value!r}; write {key}={_PYTHON_WORDS[value]} for the JSON value")
                 _unknown_user_tasks(instance, answers_file, answers, answer, as_json)
                 _user_task_answers_are_objects(instance.process, answer, as_json)
                 given = _answer_keys(instance, answers, answer)
@@ -1632,7 +1656,8 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
 @click.option("--activity", default=None, help="events of this activity (BPMN id)")
 @click.option("--key", default=None, help="events that change this key")
 @click.option("--branch", default=None, help="events of this branch id")
-@click.option("--since", type=int, default=None, help="from this sequence number")
+@click.option("--since", type=click.IntRange(min=0), default=None,
+              help="from this sequence number (each context numbers its own tape from 1)")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="at most this many events, the first ones (as REST's tape?limit=)")
 @_store_option
@@ -1646,33 +1671,15 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
         names = [_branch_context(_service(store, as_json), instance, context_name, as_json).name]
     else:
         names = list(instance.contexts)
-    kinds = kind_names(kind)
-    events = []
-    for name in names:
-        ctx = _context(instance, name, as_json)
-        found = (ctx.tape.filter(branch=branch, key=key) if activity is None
-                 else activity_events(ctx, activity, branch, key))
-        for e in found:
-            if (since is None or e.seq >= since) and (kinds is None or matches_kind(e, kinds)):
-                events.append((e.time, name, e))
-    events.sort(key=lambda t: (t[0], t[2].seq))
-    if limit is not None:
-        events = events[:limit]
-    if not events and kind:
-        seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
-                       for k in (e.kind, (e.data or {}).get("note")) if k})
-        click.echo(f"layerflow: no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}",
-                   err=True)
-    elif not events and activity:  # a mistyped BPMN id finds nothing as quietly as an id with no events
-        missing = no_activity(instance, names, activity)
-        if missing is not None:
-            click.echo(f"layerflow: {missing[0]}", err=True)
-    elif not events and (key or branch):  # a typo, or a branch the split did not take: say what is there
-        click.echo(f"layerflow: {no_key_or_branch([instance.contexts[n] for n in names], key, branch)[0]}", err=True)
+    events = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
+                       limit=limit)
+    if not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
+        miss, _ = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since)
+        click.echo(f"layerflow: {miss}", err=True)
     if as_json:
-        _Out(True).doc([event_document(name, e) for _, name, e in events])
+        _Out(True).doc([event_document(name, e) for name, e in events])
         return
-    for _, name, e in events:
+    for name, e in events:
         note = e.data.get("note") if e.data else None
         what = f"{e.kind}{':' + note if note else ''}"
         changes = ", ".join(f"L{c[0]}.{c[1]}" for c in e.changes[:6]) + (" …" if len(e.changes) > 6 else "")
@@ -1830,7 +1837,8 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
 @main.command()
 @click.argument("instance_id")
 @click.option("--context", "context_name", default=None, help="a context name or branch id (default: main)")
-@click.option("--label", default=None, help="a label to find the snapshot by later")
+@click.option("--label", default=None,
+              help="a label shown beside the snapshot's id (`snapshot ID --list`, `tape`); rollback takes its id")
 @click.option("--list", "list_them", is_flag=True, help="list the instance's snapshots instead of taking one")
 @_store_option
 @_json_option
@@ -1864,10 +1872,14 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
 
 
 @main.command()
-def schema() -> None:
+@click.option("--json", "as_json", is_flag=True, help="the same one JSON document (taken as every command takes it)")
+def schema(as_json: bool) -> None:
     """The JSON Schema of an activity's config (ActivityExtensionConfig), for editors and CI."""
     from context_layers.config import config_json_schema
 
+    if as_json:  # the one document on the real stdout, as every --json command gives it
+        _Out(True).doc(config_json_schema())
+        return
     click.echo(json.dumps(config_json_schema(), indent=2, ensure_ascii=False))
 
 

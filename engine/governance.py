@@ -843,6 +843,14 @@ class SnapshotNotFound(ContextKeyError):
         known = snapshot_list(instance, ctx)
         where = f" context {ctx.name!r} of" if ctx is not None else ""
         self.instance_id, self.snapshot_id, self.recent = instance.id, snapshot_id, known[:5]
+        labelled = [s["snapshot_id"] for s in known if s["label"] == snapshot_id]
+        if labelled:  # `snapshot --label` names a snapshot for people; a rollback takes its id
+            ids = " or ".join(map(repr, labelled))
+            super().__init__(
+                f"no snapshot {snapshot_id!r} in{where} instance {instance.id}: {snapshot_id!r} is the label of "
+                f"snapshot {ids}; a rollback takes the id: `layerflow rollback {instance.id} {labelled[0]}` (REST: "
+                f'"snapshot_id": "{labelled[0]}")')
+            return
         super().__init__(
             f"no snapshot {snapshot_id!r} in{where} instance {instance.id}; recent snapshots: {recent_snapshots(known)}; "
             f"`layerflow snapshot {instance.id} --list` shows them all (REST: "
@@ -980,7 +988,13 @@ class GovernanceService:
                     f"instance {instance.id} runs branch {name!r} in {len(open_)} contexts at once: "
                     f"{', '.join(open_)}; name the one you mean in full")
             return instance.contexts[(open_ or matches)[-1]]
-        raise ContextKeyError(f"instance {instance.id} has no context or branch {name!r}; contexts: "
+        element = ""
+        if name in instance.process.element_ids():  # no typo: a sub-process or a task, which opens no context
+            branches = sorted({str(i["branch_id"]) for i in instance.branches.values() if i.get("branch_id")})
+            element = (f"; {name!r} is an element of process {instance.process.id!r} with no context of its own: "
+                       f"its steps run in the context of the flow it is on (main, or the parallel branch it is in, "
+                       f"named by the branch's first element once its split ran: {', '.join(branches) or 'none yet'})")
+        raise ContextKeyError(f"instance {instance.id} has no context or branch {name!r}{element}; contexts: "
                               f"{', '.join(instance.contexts)}")
 
     @staticmethod
@@ -1081,32 +1095,13 @@ class GovernanceService:
              since: int | None = None, limit: int | None = None) -> dict[str, Any]:
         instance = self.load(instance_id)
         names = [self.context_of(instance, context).name] if context else list(instance.contexts)
-        wanted = kind_names(kind)
-        rows = []
-        for name in names:
-            ctx = instance.contexts[name]
-            found = (ctx.tape.filter(branch=branch, key=key) if activity is None
-                     else activity_events(ctx, activity, branch, key))
-            for e in found:
-                if (since is None or e.seq >= since) and (wanted is None or matches_kind(e, wanted)):
-                    rows.append((e.time, name, e))
-        rows.sort(key=lambda r: (r[0], r[2].seq))
-        if limit is not None:
-            rows = rows[:limit]
+        rows = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
+                         limit=limit)
         doc = {"instance_id": instance.id, "version": instance.version, "count": len(rows),
-               "events": [event_document(name, e) for _, name, e in rows]}
-        if wanted is not None and not any(matches_kind(e, wanted) for n in names for e in instance.contexts[n].tape):
-            # a misspelt kind ("snapshots" works, "snap" does not) says so, as `layerflow tape` does
-            seen = sorted({str(k) for n in names for e in instance.contexts[n].tape
-                           for k in (e.kind, (e.data or {}).get("note")) if k})
-            doc["note"] = f"no event of kind {kind!r} here; kinds and notes on this tape: {', '.join(seen)}"
-            doc["kinds"] = seen
-        elif activity is not None and not rows:
-            missing = no_activity(instance, names, activity)
-            if missing is not None:  # a mistyped BPMN id, named as `layerflow tape --activity` names it
-                doc["note"], doc["activities"] = missing
-        elif (key is not None or branch is not None) and not rows:  # a typo, or a branch the split did not take
-            doc["note"], listed = no_key_or_branch((instance.contexts[n] for n in names), key, branch)
+               "events": [event_document(name, e) for name, e in rows]}
+        if not rows:  # a typo in a filter, or filters that exclude each other: say which, as `layerflow tape` does
+            doc["note"], listed = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key,
+                                            since=since)
             doc.update(listed)
         return doc
 
@@ -1820,6 +1815,60 @@ def no_key_or_branch(contexts: Iterable[LayeredContext], key: str | None,
     return (f"no event of key {key!r} in branch {branch!r}" if key and branch else "no event matches"), {}
 
 
+def tape_rows(instance: Instance, names: Iterable[str], *, kind: str | None, activity: str | None,
+              branch: str | None, key: str | None, since: int | None,
+              limit: int | None) -> list[tuple[str, Event]]:
+    """The events of the contexts ``names`` that pass every filter, by time, at most ``limit``:
+    (context name, event) pairs, as ``layerflow tape`` and REST's tape list them."""
+    wanted = kind_names(kind)
+    rows: list[tuple[float, str, Event]] = []
+    for name in names:
+        ctx = instance.contexts[name]
+        found = (ctx.tape.filter(branch=branch, key=key) if activity is None
+                 else activity_events(ctx, activity, branch, key))
+        rows.extend((e.time, name, e) for e in found
+                    if (since is None or e.seq >= since) and (wanted is None or matches_kind(e, wanted)))
+    rows.sort(key=lambda r: (r[0], r[2].seq))
+    return [(name, e) for _, name, e in rows[:limit]]
+
+
+def tape_miss(instance: Instance, names: Iterable[str], *, kind: str | None, activity: str | None,
+              branch: str | None, key: str | None, since: int | None) -> tuple[str, dict[str, list[str]]]:
+    """What a tape listing of the contexts ``names`` that found nothing says (``layerflow tape`` on
+    stderr, the REST tape's ``note``), with what the tapes have by name: a filter that finds nothing
+    on them alone (a typo: the kinds, activities, keys or branches there), else the filters that find
+    nothing together, and where each tape ends when ``since`` is one of them."""
+    names = list(names)
+    contexts = [instance.contexts[n] for n in names]
+    wanted = kind_names(kind)
+    if wanted is not None and not any(matches_kind(e, wanted) for ctx in contexts for e in ctx.tape):
+        seen = sorted({str(k) for ctx in contexts for e in ctx.tape for k in (e.kind, (e.data or {}).get("note")) if k})
+        near = difflib.get_close_matches(str(kind), seen, n=3)
+        hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+        return (f"no event of kind {kind!r} here; {hint}kinds and notes on this tape: {', '.join(seen)}",
+                {"kinds": seen})
+    if activity is not None:
+        missing = no_activity(instance, names, activity)
+        if missing is not None:
+            return missing[0], {"activities": missing[1]}
+    if key is not None or branch is not None:
+        note, listed = no_key_or_branch(contexts, key, branch)
+        if listed:
+            return note, listed
+    filters = [f"{what} {value!r}" for what, value in (("kind", kind), ("activity", activity), ("key", key),
+                                                       ("branch", branch)) if value is not None]
+    if since is not None:
+        filters.append(f"from #{since} on")
+    ends = ""
+    if since is not None:  # each context numbers its own tape from 1
+        shown = [f"{n} ends at #{ctx.tape[-1].seq if len(ctx.tape) else 0}" for n, ctx in zip(names, contexts)]
+        ends = f" (the tape of {', '.join(shown[:5])}{', ...' if len(shown) > 5 else ''})"
+    if len(filters) == 1:
+        return f"no event matches {filters[0]}{ends}", {}
+    each = "" if since is not None else "; the tape has events of each filter on its own: drop or change one"
+    return f"no event matches {', '.join(filters[:-1])} and {filters[-1]} together{ends}{each}", {}
+
+
 def activity_ids(contexts: Iterable[LayeredContext], elements: Iterable[str]) -> list[str]:
     """The ids ``activity_events`` finds events of in ``contexts``, sorted: the activities and gateways
     the events name, and the actor of an event that names no activity when it is one of ``elements``
@@ -1846,9 +1895,21 @@ def no_activity(instance: Instance, names: Iterable[str], activity: str) -> tupl
     """What a tape filter by ``activity`` that found nothing says (``layerflow tape`` on stderr, the
     REST tape's ``note``) when no event on the tapes of contexts ``names`` is of it: the nearest ids
     and all of them; None when the id is there (it has no event matching the other filters)."""
-    ids = activity_ids((instance.contexts[n] for n in names), instance.process.element_ids())
+    process = instance.process
+    ids = activity_ids((instance.contexts[n] for n in names), process.element_ids())
     if activity in ids:
         return None
+    inner = process.subprocess_specs.get(activity)
+    if inner is not None:  # its tasks have the events (a sub-process takes no context step of its own)
+        inside = [ts.bpmn_id for ts in spiff.iter_user_specs(inner)]
+        with_events = [i for i in inside if i in ids]
+        return (f"no event of activity {activity!r} here: {activity!r} is a sub-process of process {process.id!r} (or "
+                f"a process it calls), whose events are those of the elements inside it ({', '.join(inside)}): give "
+                f"one of them to --activity; of them, events on this tape: {', '.join(with_events) or 'none'}"), ids
+    if activity in process.element_ids():  # no typo: the element was not reached, or takes no context step
+        return (f"no event of activity {activity!r} here: {activity!r} is an element of process {process.id!r} with no "
+                f"event on this tape (not reached, or no step of its own); activities and gateways on this tape: "
+                f"{', '.join(ids) or 'none'}"), ids
     near = difflib.get_close_matches(activity, ids, n=3)
     hint = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
     return (f"no event of activity {activity!r} here; {hint}activities and gateways on this tape: "

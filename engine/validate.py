@@ -710,6 +710,10 @@ class _Validator:
                 hint = (f": {where} has {prefix}:{name}, and no xmlns:{prefix} is declared; declare the prefix on "
                         f"bpmn:definitions (xmlns:{prefix}=\"URI\", the namespace of the tool that wrote it), "
                         f"or remove {prefix}:{name}")
+            if Path(doc.file).suffix.lower() in (".json", ".yaml", ".yml") or doc.data.lstrip()[:1] in (b"{", b"["):
+                # a data, answers or config file given where the BPMN files go (`run P.bpmn data.json`)
+                hint = ("; it is no BPMN but JSON or YAML: give start data with --data FILE, answers with --answers "
+                        "FILE, the activities' config with --config FILE; only BPMN (and DMN) files go before them")
             self.add("xml_malformed", f"not well-formed XML: {err.msg}{hint}",
                      file=doc.file, line=line or None, column=column or None, element_id=owner)
             return doc

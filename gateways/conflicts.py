@@ -35,11 +35,12 @@ branch order.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from context_layers.canonical import canonical_key, freeze
+from context_layers.canonical import canonical_key, freeze, thaw
 from context_layers.errors import ContextValueError, MergeConflictError
 from context_layers.markers import DELETED
 
@@ -193,10 +194,17 @@ class MergedConflict:
 
     def describe(self) -> str:
         where = f" in {self.layer}" if self.layer is not None else ""
-        values = ", ".join(f"{b}={v!r}" for b, v in self.conflicting_values.items())
+        # values as JSON, as `--set KEY=VALUE` and the answers take them (Python's True would be read as text)
+        values = ", ".join(f"{b}={_as_json(v)}" for b, v in self.conflicting_values.items())
         # DELETED as a base means the key was not there: saying "deleted" would send the reader looking for a delete
-        base = "not set before the split" if self.base_value is DELETED else f"base {self.base_value!r}"
+        base = "not set before the split" if self.base_value is DELETED else f"base {_as_json(self.base_value)}"
         return f"{self.key!r}{where} ({base}): {values}"
+
+
+def _as_json(value: Any) -> str:
+    if value is DELETED:
+        return "(deleted)"
+    return json.dumps(thaw(value), ensure_ascii=False, sort_keys=True, default=str)
 
 
 def conflict_error(conflicts: Sequence[MergedConflict], *, gateway_id: str | None, why: str,

@@ -328,7 +328,7 @@ def test_fail_on_conflict_names_every_conflict(cli, tmp_path: Path) -> None:
     for key, values in KINDS_VALUES.items():
         assert f"'{key}' in L4" in message
         assert all(f"{b}=" in message for b in values)
-    assert "ba=DELETED" in message
+    assert "ba=(deleted)" in message
     assert sorted(c["key"] for c in doc["conflicts"]) == sorted(KINDS_VALUES)
     assert all(c["resolution"] is None for c in doc["conflicts"])
 

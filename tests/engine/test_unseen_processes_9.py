@@ -458,7 +458,9 @@ def test_a_tape_filter_on_a_kind_no_event_has_says_which_kinds_there_are(api: ht
     missed = api.get(f"/api/instances/{iid}/tape", params={"kind": "snap"}).json()
     assert missed["count"] == 0 and "'snap'" in missed["note"] and "snapshot" in missed["kinds"]
     late = api.get(f"/api/instances/{iid}/tape", params={"kind": "snapshot", "since": 10_000}).json()
-    assert late["count"] == 0 and "note" not in late  # there are snapshots, only none that late
+    # there are snapshots, only none that late: the note says so (not that the kind is missing), and where the tape ends
+    assert late["count"] == 0 and "kinds" not in late and "no event of kind" not in late["note"]
+    assert "from #10000 on" in late["note"] and "main ends at #" in late["note"]
 
 
 @pytest.mark.parametrize("body", [

@@ -181,7 +181,7 @@ def test_pending_join_changes_nothing() -> None:
 def test_unresolvable_join_fails_naming_the_conflict() -> None:
     with pytest.raises(MergeConflictError, match="approval_status") as info:
         loan_review()
-    assert "finance_review='approved'" in str(info.value) and "risk_review='rejected'" in str(info.value)
+    assert 'finance_review="approved"' in str(info.value) and 'risk_review="rejected"' in str(info.value)
 
 
 # ---- join rules ------------------------------------------------------------------------
