@@ -64,16 +64,23 @@ class Scripted:
 
     # the fake completion: litellm.completion's keyword arguments in, an OpenAI-shaped dict out
     def completion(self, **kwargs: Any) -> dict[str, Any]:
-        body = {k: v for k, v in kwargs.items() if k in ("model", "messages", "tools", "tool_choice", "max_tokens")}
-        body = json.loads(json.dumps(body))
-        got = self.answer(body)
-        message = {"role": "assistant", "content": got.get("content")}
-        if got.get("tool_calls"):
-            message["tool_calls"] = got["tool_calls"]
-        return {"id": f"fake-{len(self.requests)}", "object": "chat.completion", "created": 1700000000,
-                "model": kwargs.get("model"), "choices": [{"index": 0, "message": message,
-                "finish_reason": "tool_calls" if got.get("tool_calls") else "stop"}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        return completion_of(kwargs, self.answer, f"fake-{len(self.requests) + 1}",
+                             {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2})
+
+
+def completion_of(kwargs: dict[str, Any], answer: Callable[[dict[str, Any]], Answer], cid: str,
+                  usage: dict[str, int]) -> dict[str, Any]:
+    """What litellm.completion returns for its keyword arguments ``kwargs`` when the model answers
+    as ``answer`` does (tool calls included), as an OpenAI-shaped dict with id ``cid``."""
+    body = {k: v for k, v in kwargs.items() if k in ("model", "messages", "tools", "tool_choice", "max_tokens")}
+    got = answer(json.loads(json.dumps(body)))
+    message = {"role": "assistant", "content": got.get("content")}
+    if got.get("tool_calls"):
+        message["tool_calls"] = got["tool_calls"]
+    return {"id": cid, "object": "chat.completion", "created": 1700000000, "model": kwargs.get("model"),
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if got.get("tool_calls") else "stop"}],
+            "usage": usage}
 
 
 class RoutedStub(StubLLM):

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from tests.outsider_model33.model33_stub import RoutedStub, Scripted, tool_call, tool_turn
+from tests.outsider_model33.model33_stub import RoutedStub, Scripted, completion_of, tool_call, tool_turn
 from tests.stub_llm import Reply
 
 # long enough that classify's HISTORY crosses its compressTokenThreshold by the second round
@@ -79,15 +79,7 @@ def fake_completion(scripted: Scripted) -> Any:
     served = [0]
 
     def completion(**kwargs: Any) -> dict[str, Any]:
-        body = json.loads(json.dumps({k: v for k, v in kwargs.items()
-                                      if k in ("model", "messages", "tools", "tool_choice", "max_tokens")}))
-        got = scripted.answer(body)
         served[0] += 1
-        message = {"role": "assistant", "content": got.get("content")}
-        if got.get("tool_calls"):
-            message["tool_calls"] = got["tool_calls"]
-        return {"id": f"chatcmpl-{served[0]}", "object": "chat.completion", "created": 1700000000,
-                "model": kwargs.get("model"), "choices": [{"index": 0, "message": message,
-                "finish_reason": "tool_calls" if got.get("tool_calls") else "stop"}],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+        return completion_of(kwargs, scripted.answer, f"chatcmpl-{served[0]}",
+                             {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18})
     return completion
