@@ -1927,14 +1927,14 @@ def _dmn_type_hint(task: Any, err: BaseException, ctx: LayeredContext) -> str:
     return ""
 
 
-def _name_hint(err: BaseException, where: str | None) -> str:
-    """What to do about a name an expression reads and the context does not hold."""
+def _name_hint(err: BaseException, where: str | None, source: str = "expression") -> str:
+    """What to do about a name an expression (or a script: ``source``) reads and the context does not hold."""
     if not isinstance(err, NameError) or not err.name:
         return ""
     if err.name in FOREIGN_LITERALS:
         return f"; expressions are Python: write True, False or None, not {err.name!r}"
     return (f"; the context holds no key {err.name!r} here: give {err.name!r} a value before {where!r} "
-            "(the start data or an earlier task's output), or correct the expression")
+            f"(the start data or an earlier task's output), or correct the {source}")
 
 
 def _not_set_yet(task: Any, expression: str, err: BaseException, ctx: LayeredContext) -> bool:
@@ -3508,7 +3508,7 @@ def _unknown_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpm
     has no form to ask for the key."""
     if not isinstance(err, NameError) or not err.name or ctx is None or err.name in ctx:
         return ""
-    return f"{_name_hint(err, bpmn_id).replace('the expression', 'the script')}{_formless_answer(task, err)}"
+    return f"{_name_hint(err, bpmn_id, 'script')}{_formless_answer(task, err)}"
 
 
 def _engine_version_conflict(err: VersionConflict, instance_id: str) -> VersionConflict:
