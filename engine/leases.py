@@ -47,8 +47,8 @@ class LeaseLost(VersionConflict):
 
 class Heartbeat:
     """Renews the lease every ttl/3 until ``stop`` (taking it back when it ran out and nobody took
-    it); ``lost`` once someone else took it (the version check then refuses the holder's save). ``check`` renews it at once, before an
-    activity, and raises ``LeaseLost`` when it no longer holds."""
+    it); ``lost`` once someone else took it (the version check then refuses the holder's save).
+    ``check`` renews it at once, before an activity, and raises ``LeaseLost`` when it no longer holds."""
 
     def __init__(self, store: Store, instance_id: str, owner: str, ttl: float) -> None:
         self._stop = threading.Event()
