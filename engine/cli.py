@@ -121,7 +121,7 @@ def _refusal_document(instance: Instance, error: dict[str, Any]) -> dict[str, An
     contract pairs it with an ``error`` (``"status"`` is the command's outcome for a script that reads
     it alone); the instance's real status is ``instance_status``, and an instance that failed before
     keeps its own error as ``instance_error``."""
-    document = instance.to_document()
+    document = _instance_document(instance)
     document["status"] = "error"
     error = {**error, "instance_status": instance.status}
     if instance.error:
@@ -168,7 +168,8 @@ def _error_document(error: dict[str, Any]) -> dict[str, Any]:
     layers = [str(layer) for layer in Layer]
     return {"instance_id": None, "process_id": None, "status": "error", "error": error,
             "layers": {name: {} for name in layers}, "tokens": {**{name: 0 for name in layers}, "total": 0},
-            "conflicts": [], "compressions": [], "confirmations": [], "waiting_for": [], "tape_length": 0}
+            "conflicts": [], "compressions": [], "confirmations": [], "waiting_for": [], "tape_length": 0,
+            "version": None}
 
 
 def _exit_code(instance: Instance) -> int:
@@ -242,8 +243,14 @@ def _fallback_lines(lines: list[str], fallbacks: list[dict[str, Any]]) -> None:
                      f"{_FALLBACK_TEXT.get(str(last['fallback']), str(last['fallback']))}{error}")
 
 
+def _instance_document(instance: Instance) -> dict[str, Any]:
+    """The ``run --json`` document of ``instance``, with its ``version`` (the ``expected_version`` of a
+    next change), as ``inspect --json``, ``rollback --json`` and REST's documents carry it."""
+    return {**instance.to_document(), "version": instance.version}
+
+
 def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
-    doc = instance.to_document()
+    doc = _instance_document(instance)
     if out.as_json:
         out.doc(doc)
         return
