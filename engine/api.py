@@ -298,7 +298,8 @@ class WaitingItem(_Open):
     id: str = Field(description="what to answer: a user task's or event's task id, a confirmation's id")
     task_id: str = Field(description="the BPMN id of the element that waits")
     context: str | None = Field(default=None, examples=["main"], description=(
-        "a confirmation's, a timer's or an event's: the context it waits in, `main` for the process's own flow, "
+        "the context it waits in (a user task's, a confirmation's, a timer's or an event's), `main` for the "
+        "process's own flow, "
         "else the branch or line (of a multi-instance) context, which tells apart items of one `task_id`"))
     due: str | None = Field(default=None, description=(
         "a timer's (and a confirmation's with a timeout): when it fires, ISO 8601 UTC; none when not known"))

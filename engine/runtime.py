@@ -2238,7 +2238,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                             fld["value"] = thaw(ctx.resolve(fld["id"]))
                 if prepared and ctx is not None:  # what its preScript set as it became ready: what the form starts from
                     item["data"] = {key: thaw(ctx.resolve(key)) for key in prepared if key in ctx}
-                item.update(self._instance_of(task))
+                # ``context``: the one it waits in, as a confirmation's, a timer's and an event's item name theirs
+                item.update(self._where(task))
                 waiting.append(item)
         timers = [t for t in _all_tasks(wf, TaskState.WAITING) if spiff.is_timer(t)]
         for task in sorted(timers, key=lambda t: (spiff.timer_due(t) or _FAR).isoformat()):

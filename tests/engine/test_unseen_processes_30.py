@@ -92,7 +92,8 @@ def test_the_strategy_settled_conflict_is_logged_in_merged_conflicts(cli: Any) -
     assert logged["sourceBranches"] == ["budget_check", "treasury_check"]
     assert logged["resolution"] == FUNDING_CONFLICT["resolution"]
     assert doc["waiting_for"] == [{"kind": "user_task", "id": doc["waiting_for"][0]["id"], "task_id": "sign_off",
-                                   "name": "Sign off", "instance": 1, "input": {"approver": "plant_manager"}}]
+                                   "name": "Sign off", "context": "main", "instance": 1,
+                                   "input": {"approver": "plant_manager"}}]
 
 
 def test_sequential_approvers_are_answered_from_an_answers_file(cli: Any, tmp_path: Path) -> None:
