@@ -783,7 +783,7 @@ def _answers_naming_nothing(target: Any, answers: Mapping[str, Any], keys: Itera
     unknown user task is: no user task has that id, nor anything the instance waits for or asked,
     and it is no ``*``, ``GATEWAY_ID/CONTEXT_KEY`` or model's ``model:N`` (``_unmatchable_confirmations``
     checks those). Kept "for a later step", it would never be used."""
-    from .runtime import known_confirmation_ids, unknown_user_task_keys
+    from .runtime import known_confirmation_ids, nearest_answer_keys, unknown_user_task_keys
 
     process = getattr(target, "process", target)
     known = set() if target is process else known_confirmation_ids(target)
@@ -791,8 +791,9 @@ def _answers_naming_nothing(target: Any, answers: Mapping[str, Any], keys: Itera
     unknown = [k for k in unknown_user_task_keys(target, objects) if k != "*" and "/" not in k and ":" not in k]
     if unknown:
         tasks = process.user_task_ids()
+        near = "".join(f" {h}" for h in nearest_answer_keys(target, unknown))
         _fail(f"--answer {', '.join(map(repr, unknown))}: names no user task of process {process.id!r} and nothing "
-              f"its instance waits for, so no step would ever take it; answer a user task by its BPMN id "
+              f"its instance waits for, so no step would ever take it;{near} answer a user task by its BPMN id "
               f"({', '.join(tasks) or 'the process has none'}) or its waiting_for id, a join's conflict by "
               f"GATEWAY_ID/CONTEXT_KEY, any other confirmation by its id or *", as_json=as_json)
 

@@ -1390,11 +1390,13 @@ def check_confirmation_keys(target: Instance | Process, keys: Iterable[str], *, 
     if asked:
         matching.append(f"not another key of a join that asked all it will ({', '.join(map(repr, asked))})")
     matching.append("model:N for a model's confirmation; * for any")
+    hints += nearest_answer_keys(target, [key for key in bad if key not in to_come])
     what = f"process {process.id!r}" if isinstance(target, Process) else f"instance {target.id} of process {process.id!r}"
     raise InvalidAnswer(
         f"{source}: {', '.join(map(repr, bad))} can match no confirmation of {what} "
         f"(its joins: {', '.join(map(repr, joins)) or 'none'}); the keys that match: {'; '.join(matching)}"
-        f"{''.join('; ' + h for h in hints)}. Nothing was run or saved")
+        f"{''.join('; ' + h for h in hints)}{' ' if hints and hints[-1].endswith('?') else '. '}Nothing was run or "
+        "saved")
 
 
 def known_confirmation_ids(instance: Instance) -> set[str]:
@@ -1403,6 +1405,24 @@ def known_confirmation_ids(instance: Instance) -> set[str]:
     return ({str(c["id"]) for c in instance.confirmations} | {str(c["request_id"]) for c in instance.confirmations
                                                               if c.get("request_id")}
             | {str(w["id"]) for w in instance.waiting_for if w.get("id")})
+
+
+def nearest_answer_keys(target: Instance | Process, keys: Iterable[str]) -> list[str]:
+    """``did you mean`` for each key of ``keys`` (answers' keys that name nothing of ``target``: a typo)
+    that is close to what an answer may name: a user task's BPMN id and, of an instance, what it
+    waits for and its open confirmations, by id or as ``GATEWAY_ID/CONTEXT_KEY``."""
+    process = target if isinstance(target, Process) else target.process
+    names = set(process.user_task_ids())
+    if not isinstance(target, Process):
+        names |= known_confirmation_ids(target)
+        names |= {f"{c['task_id']}/{c['key']}" for c in target.confirmations
+                  if not c.get("answered") and c.get("task_id") and c.get("key") is not None}
+    hints = []
+    for key in keys:
+        close = difflib.get_close_matches(str(key), sorted(names - {key}), n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{key!r}: did you mean {close[0]!r}?")
+    return hints
 
 
 def passed_user_tasks(instance: Instance, keys: Iterable[str]) -> dict[str, str]:
@@ -1566,8 +1586,9 @@ def check_user_task_keys(target: Instance | Process, keys: Iterable[str], *, sou
 
     process, _, waiting, _ = _answer_scope(target)
     tasks = process.user_task_ids()
+    near = "".join(f" {h}" for h in nearest_answer_keys(target, bad))
     raise InvalidAnswer(f"{source}: user_tasks names {', '.join(map(repr, bad))}, not an element of process "
-                        f"{process.id!r} that is a user task; key user_tasks by the BPMN id of a user "
+                        f"{process.id!r} that is a user task;{near} key user_tasks by the BPMN id of a user "
                         f"task ({', '.join(map(repr, tasks)) or 'the process has none'}) or, on resume, "
                         f"by its waiting_for id{' (' + ', '.join(sorted(waiting)) + ')' if waiting else ''}. "
                         "Nothing was run or saved")
