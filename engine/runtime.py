@@ -576,7 +576,7 @@ class Engine:
         # the tasks that waited as the run began are named above (or were used): the rest were never reached
         named = {str(w[k]) for w in answered_for for k in ("id", "task_id")}
         instance.notices.extend(unreached_answer_notices(instance, answers, used | set(passed) | named))
-        instance.notices.extend(unused_confirmation_notices(instance, answers))
+        instance.notices.extend(unused_confirmation_notices(instance, answers, star_taken="*" in used))
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
         return instance
@@ -1145,6 +1145,8 @@ class Engine:
                 task.run()
             elif item["kind"] == "confirmation":
                 rt.check_answer(item["id"], value)
+                if used is not None and _answer_key(answers, item) == "*":
+                    used.add("*")  # a '*' nothing takes is named after the run (unused_confirmation_notices)
                 if taken is not None:
                     rt.answer(item["id"], value, actor=taken.actor, unattended=True)
                 else:
@@ -1481,15 +1483,23 @@ def unreached_answer_notices(instance: Instance, answers: Mapping[str, Any] | No
             for key in map(str, tasks) if key in ids and key not in settled and key not in waiting]
 
 
-def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None) -> list[str]:
+def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None, *,
+                                star_taken: bool = True) -> list[str]:
     """A notice for each confirmation answer of ``answers`` (the ``confirmations`` keys that are no
     user task's answer too) that names no confirmation ``instance`` ever had, as the run that was
     given it leaves it: a join's context key misspelt (the join met no conflict on it), a conflict the
     join settled without a person (a policy rule, its mergeStrategy, the model), a join not reached yet (the answer is used only by the run or resume it is given to), or a key of no join.
+    A ``*`` answer that no confirmation of the run took (``star_taken`` False) has one too.
     ``Engine.run`` adds them to ``instance.notices``: the CLI's stderr and REST's ``notices``."""
     answers = answers or {}
     tasks = answers.get("user_tasks") or {}
     keys = [str(k) for k in (answers.get("confirmations") or {}) if k not in tasks and k != "*"]
+    notices = []
+    if "*" in (answers.get("confirmations") or {}) and "*" not in tasks and not star_taken:
+        notices.append(f"answer '*' was not used: no confirmation took it, none was asked in this run without an "
+                       f"answer of its own (instance {instance.id} waits for: {_waiting_steps(instance)}); an answer "
+                       "is used only by the run or resume it is given to: give it again to the `resume` that reaches "
+                       "the question (REST: the resume request)")
     known: set[str] = set()
     for c in instance.confirmations:
         known.add(str(c.get("id")))
@@ -1497,7 +1507,6 @@ def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] |
             known.add(f"{c['gateway_id']}/{c['key']}")
     # the joins whose branches met: one that has not may still ask (the instance stopped before it)
     joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
-    notices = []
     for key in keys:
         if key in known:
             continue
@@ -1838,25 +1847,24 @@ def refuse_late_answers(instance: Instance, answers: Mapping[str, Any] | None) -
             raise AnsweredAlready(instance, entry, value)
 
 
-def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
-    if not answers:
-        return _NO_ANSWER
+def _answer_key(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> str | None:
+    """The key of ``answers`` whose answer the waiting ``item`` takes, or None: a user task's waiting id
+    before its BPMN id; a confirmation's id, then ``GATEWAY_ID/CONTEXT_KEY``, then ``*``."""
+    if not answers or item["kind"] not in ("user_task", "confirmation"):
+        return None
     if item["kind"] == "user_task":
-        tasks = answers.get("user_tasks") or {}
-        for key in (item["id"], item["task_id"]):  # the one waiting task's answer before its BPMN id's
-            if key in tasks:
-                return tasks[key]
+        keys, section = [item["id"], item["task_id"]], answers.get("user_tasks") or {}
+    else:
+        keys = [item["id"], *([f"{item['task_id']}/{item['key']}"] if item.get("key") else []), "*"]
+        section = answers.get("confirmations") or {}
+    return next((key for key in keys if key in section), None)
+
+
+def _lookup_answer(answers: Mapping[str, Any] | None, item: Mapping[str, Any]) -> Any:
+    key = _answer_key(answers, item)
+    if key is None or answers is None:
         return _NO_ANSWER
-    if item["kind"] == "confirmation":
-        conf = answers.get("confirmations") or {}
-        keys = [item["id"]]
-        if item.get("key"):
-            keys.append(f"{item['task_id']}/{item['key']}")
-        keys.append("*")
-        for key in keys:
-            if key in conf:
-                return conf[key]
-    return _NO_ANSWER
+    return answers["user_tasks" if item["kind"] == "user_task" else "confirmations"][key]
 
 
 # =============================================================================== driver
