@@ -230,9 +230,9 @@ def test_the_own_process_answers_every_error_status_it_declares(call: Client) ->
                                                "value": "x"}), 403, "'_branch_id'", "resolve")
     # 400: an answer that is no option, a compression of a layer that is not compressed
     _error(call("POST", "/api/confirmations/{confirmation_id}", QUESTION,
-                body={"instance_id": iid, "value": "maybe"}), 400, "'maybe'", '"ship"')
+                body={"instance_id": iid, "value": "maybe"}), 400, '"maybe"', '"ship"')
     _error(call("POST", f"{GOV}/resolve", body={"instance_id": iid, "conflict_key": "verdict",
-                                                "resolution": "maybe", "reason": "r"}), 400, "'maybe'", '"hold"')
+                                                "resolution": "maybe", "reason": "r"}), 400, '"maybe"', '"hold"')
     _error(call("POST", f"{GOV}/compress", body={"instance_id": iid, "action": "compress", "context": "legal",
                                                  "target_layers": ["L0"]}), 400, "L0", "target_layers")
     _error(call("POST", "/api/instances/{instance_id}/resume", iid,
@@ -251,7 +251,7 @@ def test_the_own_process_answers_every_error_status_it_declares(call: Client) ->
     assert r.status_code == 200 and r.json()["waiting_for"][0]["task_id"] == "signoff", r.text[:300]
     _error(call("POST", "/api/confirmations/{confirmation_id}", QUESTION, body={"instance_id": iid,
                                                                              "value": "hold"}),
-           409, "already answered 'ship'")
+           409, "already answered \"ship\"")
     r = call("POST", "/api/instances/{instance_id}/user-tasks/{task_id}", iid, "signoff", body={"data": {"ok": True}})
     assert r.status_code == 200 and r.json()["status"] == "completed", r.text[:300]
     _error(call("POST", f"{GOV}/inject", body={"instance_id": iid, "key": "memo", "value": 1}), 409, "completed")

@@ -159,8 +159,8 @@ def _answered_by_olga(cli: Any) -> str:
 def _assert_advice(error: dict[str, Any], iid: str) -> None:
     message = error["message"]
     assert error["kind"] == "already_answered", error
-    assert "was already answered 'medium' by olga at " + error["answered_at_iso"] in message, message
-    assert "'high' was not applied" in message, message
+    assert "was already answered \"medium\" by olga at " + error["answered_at_iso"] in message, message
+    assert '"high" was not applied' in message, message
     assert f"`layerflow tape {iid} --kind human_decision`" in message, message            # where to read it
     assert f"GET /api/instances/{iid}/tape?kind=human_decision" in message, message
     assert f"`layerflow rollback {iid} SNAPSHOT_ID`" in message and "start a new instance" in message  # what to do
@@ -252,7 +252,7 @@ def test_an_answer_for_the_next_round_of_a_loop_is_kept_for_it(tmp_path: Path) -
         "merge/risk_level": "high", "merge/go_decision": "go", "merge/score": 5}})
     assert [w["task_id"] for w in once.waiting_for] == ["review"], once.waiting_for
     assert not may_ask_again(once, next(c for c in once.confirmations if c["id"] == "merge/risk_level"))
-    with pytest.raises(AnsweredAlready, match="was already answered 'high'"):
+    with pytest.raises(AnsweredAlready, match='was already answered "high"'):
         engine.resume(once.id, answers={"confirmations": {"merge/risk_level": "low"}})
 
 
