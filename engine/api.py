@@ -571,7 +571,7 @@ ROUTE_ERRORS: dict[str, tuple[str, ...]] = {
     "compress": (*_CHANGED, "bad_request"),
     "inject": _WRITTEN,
     "resolve": _ANSWERED,
-    "rollback": _CHANGED,
+    "rollback": (*_CHANGED, "bad_request"),  # a label several snapshots carry (AmbiguousSnapshot)
     "config": (*_CHANGED, "bad_request", "invalid_config"),
     "snapshot": _CHANGED,
     "branch_evaluate": _LOADED,

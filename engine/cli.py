@@ -1777,9 +1777,10 @@ def _snapshot_lines(snapshots: list[dict[str, Any]]) -> list[str]:
 
 @main.command()
 @click.argument("instance_id")
-@click.argument("snapshot_arg", metavar="[SNAPSHOT_ID]", required=False)
+@click.argument("snapshot_arg", metavar="[SNAPSHOT_ID_OR_LABEL]", required=False)
 @click.option("--snapshot", "snapshot_id", default=None, metavar="SNAPSHOT_ID",
-              help="the snapshot to go back to (`layerflow snapshot ID --list` shows them all; `layerflow tape "
+              help="the snapshot to go back to, by id or by a label only it has (`layerflow snapshot ID --list` "
+                   "shows them all with their labels; `layerflow tape "
                    "ID --kind snapshot` those of splits, compressions and operators, `--kind begin` the one each "
                    "activity took as it began); may be given as the second argument instead")
 @click.option("--context", "context_name", default=None,
@@ -1794,7 +1795,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     """Put a context's layers back to a snapshot: a restore event on the tape; nothing is deleted."""
     from pydantic import ValidationError
 
-    from .governance import RollbackArgs, SnapshotNotFound, recent_snapshots, snapshot_list
+    from .governance import RollbackArgs, recent_snapshots, snapshot_id_of, snapshot_list
 
     if snapshot_arg is not None and snapshot_id is not None and snapshot_arg != snapshot_id:
         _fail(f"two snapshots given: {snapshot_arg!r} and --snapshot {snapshot_id!r}; name one",
@@ -1810,9 +1811,10 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
     if not snapshot_id:
         _fail(f"name the snapshot: --snapshot SNAPSHOT_ID; recent snapshots of{where} instance {instance.id}: "
               f"{recent_snapshots(known)}", as_json=as_json, details=details)
-    if snapshot_id not in {s["snapshot_id"] for s in known}:
-        missing = SnapshotNotFound(instance, snapshot_id, ctx)
-        _fail(str(missing), as_json=as_json, kind=missing.kind, details={**details, **missing.to_dict()})
+    try:  # its id, or a label only that snapshot has
+        snapshot_id = snapshot_id_of(instance, snapshot_id, ctx)
+    except LayerflowError as err:
+        _fail(str(err), as_json=as_json, kind=err.kind, details={**details, **err.to_dict()})
     chosen = [x.strip() for x in layers.split(",") if x.strip()] if layers is not None else None
     if chosen is not None:
         try:
@@ -1846,7 +1848,8 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
 @click.argument("instance_id")
 @click.option("--context", "context_name", default=None, help="a context name or branch id (default: main)")
 @click.option("--label", default=None,
-              help="a label shown beside the snapshot's id (`snapshot ID --list`, `tape`); rollback takes its id")
+              help="a label shown beside the snapshot's id (`snapshot ID --list`, `tape`); rollback takes its id, "
+                   "or the label while no other snapshot has it")
 @click.option("--list", "list_them", is_flag=True, help="list the instance's snapshots instead of taking one")
 @_store_option
 @_json_option

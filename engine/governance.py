@@ -835,24 +835,51 @@ def recent_snapshots(snapshots: list[dict[str, Any]], n: int = 5) -> str:
     return shown or "none"
 
 
+def snapshot_id_of(instance: Instance, given: str, ctx: LayeredContext | None = None) -> str:
+    """The id of the snapshot ``given`` names in ``instance`` (in ``ctx`` only, when given): its id, else
+    the label ``snapshot ID --list`` shows beside it (an operator's ``--label``, ``before TASK``,
+    ``split:GATEWAY``) when one snapshot alone has it. ``SnapshotNotFound`` when none does,
+    ``AmbiguousSnapshot`` when several snapshots have that label."""
+    if any(given in c.snapshots for c in ([ctx] if ctx is not None else instance.contexts.values())):
+        return given
+    labelled = [s for s in snapshot_list(instance, ctx) if s["label"] == given]
+    if len(labelled) > 1:
+        raise AmbiguousSnapshot(instance, given, labelled)
+    if not labelled:
+        raise SnapshotNotFound(instance, given, ctx)
+    return str(labelled[0]["snapshot_id"])
+
+
+class AmbiguousSnapshot(BadRequest):
+    """A rollback to a label that several snapshots carry (``split:GATEWAY`` of a loop, an operator's
+    label given twice): which one is meant is not guessed; the message lists their ids, newest first."""
+
+    def __init__(self, instance: Instance, label: str, labelled: list[dict[str, Any]]) -> None:
+        self.instance_id, self.label = instance.id, label
+        self.snapshot_ids = [str(s["snapshot_id"]) for s in labelled]
+        shown = ", ".join(f"{s['snapshot_id']!r} ({s['context']} #{s['seq']})" for s in labelled)
+        super().__init__(f"snapshot label {label!r} names {len(labelled)} snapshots of instance {instance.id}: "
+                         f"{shown} (newest first); nothing was rolled back. Give the id of the one you mean: "
+                         f"`layerflow rollback {instance.id} {labelled[0]['snapshot_id']}` (REST: "
+                         f'"snapshot_id": "{labelled[0]["snapshot_id"]}")')
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "instance_id": self.instance_id, "label": self.label,
+                "snapshot_ids": self.snapshot_ids}
+
+
 class SnapshotNotFound(ContextKeyError):
-    """A rollback to a snapshot no context of the instance (or the context named) took: the same
-    message and fields from the CLI and REST, with the instance's most recent snapshots to choose from."""
+    """A rollback to a snapshot no context of the instance (or the context named) took, by id or label:
+    the same message and fields from the CLI and REST, with the instance's most recent snapshots to
+    choose from."""
 
     def __init__(self, instance: Instance, snapshot_id: str, ctx: LayeredContext | None = None) -> None:
         known = snapshot_list(instance, ctx)
         where = f" context {ctx.name!r} of" if ctx is not None else ""
         self.instance_id, self.snapshot_id, self.recent = instance.id, snapshot_id, known[:5]
-        labelled = [s["snapshot_id"] for s in known if s["label"] == snapshot_id]
-        if labelled:  # `snapshot --label` names a snapshot for people; a rollback takes its id
-            ids = " or ".join(map(repr, labelled))
-            super().__init__(
-                f"no snapshot {snapshot_id!r} in{where} instance {instance.id}: {snapshot_id!r} is the label of "
-                f"snapshot {ids}; a rollback takes the id: `layerflow rollback {instance.id} {labelled[0]}` (REST: "
-                f'"snapshot_id": "{labelled[0]}")')
-            return
         super().__init__(
-            f"no snapshot {snapshot_id!r} in{where} instance {instance.id}; recent snapshots: {recent_snapshots(known)}; "
+            f"no snapshot with the id or label {snapshot_id!r} in{where} instance {instance.id}; recent snapshots: "
+            f"{recent_snapshots(known)}; "
             f"`layerflow snapshot {instance.id} --list` shows them all (REST: "
             f"GET /api/instances/{instance.id}/tape?kind=snapshot those of splits, compressions and operators, "
             "`?kind=begin` the one each activity took as it began)")
@@ -1334,12 +1361,14 @@ class GovernanceService:
     def rollback(self, instance_id: str, args: RollbackArgs, *, expected_version: int | None = None,
                  actor: str = "operator") -> dict[str, Any]:
         def apply(instance: Instance) -> dict[str, Any]:
-            owner = self._snapshot_owner(instance, args.snapshot_id, args.context)
+            named = self.context_of(instance, args.context) if args.context is not None else None
+            sid = snapshot_id_of(instance, args.snapshot_id, named)  # its id, or a label only it has
+            owner = self._snapshot_owner(instance, sid, args.context)
             info = instance.branches.get(owner.name)
             if args.context is None and info is not None and info.get("status") == "joined":
                 parent = info.get("parent") or MAIN
                 raise InstanceStateError(
-                    f"rollback: snapshot {args.snapshot_id!r} was taken in context {owner.name!r} of instance "
+                    f"rollback: snapshot {sid!r} was taken in context {owner.name!r} of instance "
                     f"{instance.id} (branch {info.get('branch_id') or owner.name!r}), already merged into {parent!r} at "
                     f"{info.get('join')!r}: nothing reads that context any more, and {parent!r} never was in that "
                     f"state. Roll {parent!r} back to a snapshot of its own: the split's, {info.get('snapshot_id')!r}, "
@@ -1347,17 +1376,17 @@ class GovernanceService:
             ctx = self._writable(instance, owner, "rollback")
             before = ctx.token_report()
             had = {c["key"]: ctx.get(c["key"], _ABSENT) for c in self._asked(instance, ctx)}
-            activity = self._open_activity_at(instance, ctx, args.snapshot_id, actor)
-            event = ctx.restore(args.snapshot_id, layers=args.layers, actor=actor, reason=args.reason)
+            activity = self._open_activity_at(instance, ctx, sid, actor)
+            event = ctx.restore(sid, layers=args.layers, actor=actor, reason=args.reason)
             self._refuse_asked(instance, ctx, "rollback", [k for k, v in had.items()
                                                            if not _same(v, ctx.get(k, _ABSENT))])
-            ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": args.snapshot_id,
+            ctx.record("governance", actor=actor, data={"op": "rollback", "snapshot_id": sid,
                                                         "reason": args.reason, **activity})
             # the instance's document (``rollback --json`` gives the same), its ``layers`` and
             # ``tokens`` those of the context rolled back, as they are now
             after = ctx.token_report()
             return {**instance.to_document(), "layers": ctx.as_dict(), "tokens": after, "context": ctx.name,
-                    "snapshot_id": args.snapshot_id, "event_seq": event.seq,
+                    "snapshot_id": sid, "event_seq": event.seq,
                     "restored_layers": [str(Layer(x)) for x in event.data["layers"]],
                     "tokens_before": before, "tokens_after": after, **activity}
         return self._change(instance_id, expected_version, "rollback", actor, apply)

@@ -174,7 +174,7 @@ def test_rollback_takes_any_unique_label_and_refuses_an_ambiguous_one(cli: Any, 
     assert first in twice["message"] and second in twice["message"] and "label" in twice["message"], twice
     url, _ = api
     started = post(url, "/api/instances", {"process_id": "parallel_user_task", "data": {"title": "Q3"}}).json()
-    taken = post(url, f"{GOV}/snapshot", {"instance_id": started["instance_id"], "context": ctx, "label": "mine"})
+    taken = post(url, f"{GOV}/snapshot", {"instance_id": started["instance_id"], "context": "review", "label": "mine"})
     assert taken.status_code == 200, taken.text
     rolled = post(url, f"{GOV}/rollback", {"instance_id": started["instance_id"], "snapshot_id": "mine"})
     assert rolled.status_code == 200 and rolled.json()["snapshot_id"] == taken.json()["snapshot_id"], rolled.text
