@@ -696,14 +696,20 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
     # instead of running the same activities beside this command
     instance_id = uuid.uuid4().hex[:12]
     with _holding(engine, instance_id, as_json):
-        instance = engine.start(process, data, instance_id=instance_id)  # its data passed check_start_data
-        if not as_json:
-            out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)})")
         try:
-            instance = engine.run(instance, answers=answers, by=by,
-                                  ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
+            # its data passed check_start_data; with answers, it is created once the run has taken them
+            with engine.starting(process, data, instance_id=instance_id, answers=answers) as instance:
+                if not as_json:
+                    out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)}"
+                             + ("; saved once the run has taken the answers given" if instance.version == 0 else "")
+                             + ")")
+                instance = engine.run(instance, answers=answers, by=by,
+                                      ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
+            source = _answers_source(answers_file, answer)
+            if instance.version == 0:  # refused before it was created: nothing of it is in the store
+                _refused_start(out, process.id, err, source)
+            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
@@ -732,6 +738,10 @@ def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) ->
     if isinstance(err, ConfirmationAnswered):
         fields = {k: v for k, v in err.to_dict().items() if k not in ("kind", "message")}
         _fail(str(err), as_json=as_json, kind=err.kind, details={**fields, **_named(instance)})
+    if instance.version == 0:  # a start whose run saves at its end (``Engine.starting``): nothing was created
+        _fail(f"instance {instance.id} of process {instance.process_id}: {err}. It was not created (nothing was "
+              "saved); once the store answers, run the command again", EXIT_ERROR, as_json=as_json, kind=err.kind,
+              process_id=instance.process_id)
     _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
           f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
@@ -822,6 +832,26 @@ def _answers_source(answers_file: str | None, answer: tuple[str, ...]) -> str:
     return " and ".join(([f"answers file {answers_file}"] if answers_file else []) + (["--answer"] if answer else []))
 
 
+def _answer_error(err: LayerflowError, message: str, task_id: str | None) -> dict[str, Any]:
+    """The ``error`` of a refused answer's document: kind, message, task and, of a form, each problem."""
+    cause = err.__cause__
+    error = {"kind": "invalid_answer", "message": message,
+             "task_id": task_id or getattr(cause, "task_id", None) or getattr(err, "task_id", None)}
+    if getattr(err, "problems", None):  # an answer that does not fit the task's form: field by field
+        error["problems"] = [{"field": f, "problem": p} for f, p in err.problems]  # type: ignore[attr-defined]
+    return error
+
+
+def _refused_start(out: _Out, process_id: str, err: LayerflowError, source: str) -> NoReturn:
+    """Exit 2: the answer a new instance's run was given is refused, so the instance was never created
+    (``Engine.starting``): the document is empty but for the process, nothing is in the store, and the
+    same command with a corrected answer starts afresh."""
+    message = f"{source}: {err}"  # which says that nothing was created (``Engine.starting``)
+    error = _answer_error(err, message, getattr(err, "task_id", None))
+    _fail(message, as_json=out.as_json, kind="invalid_answer", process_id=process_id,
+          details={k: v for k, v in error.items() if k not in ("kind", "message")})
+
+
 def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str,
                     task_id: str | None = None) -> NoReturn:
     """Exit 2: an answer given that is not an offered option. Nothing of it was applied (of a
@@ -829,13 +859,7 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
     (``layerflow resume ID --answer ...`` with a valid one)."""
     message = f"{source}: {err}" if source else str(err)
     if out.as_json:
-        cause = err.__cause__
-        document = _refusal_document(instance, {
-            "kind": "invalid_answer", "message": message,
-            "task_id": task_id or getattr(cause, "task_id", None) or getattr(err, "task_id", None)})
-        if getattr(err, "problems", None):  # an answer that does not fit the task's form: field by field
-            document["error"]["problems"] = [{"field": f, "problem": p} for f, p in err.problems]  # type: ignore[attr-defined]
-        out.doc(document)
+        out.doc(_refusal_document(instance, _answer_error(err, message, task_id)))
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)

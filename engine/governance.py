@@ -88,7 +88,7 @@ from . import events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import held_by, holding
 from .process import Process, load_process
-from .runtime import (AnswerWriteDenied, Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
+from .runtime import (Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
                       why_not_waiting)
 from .store import record_head
 
@@ -1261,18 +1261,13 @@ class GovernanceService:
         # held from before the instance exists, as every other change holds it: a request, worker
         # or `layerflow resume` that finds the new id (GET /api/instances) waits for this run
         instance_id = uuid.uuid4().hex[:12]
-        with self._lock(instance_id):
-            instance = self.engine.start(process, args.data, instance_id=instance_id)
+        # with answers, created only once the run has taken them: a refused one (its form, an option not
+        # offered) leaves nothing behind, and a client that retries the start makes no duplicate
+        with self._lock(instance_id), self.engine.starting(process, args.data, instance_id=instance_id,
+                                                            answers=answers if args.run else None) as instance:
             instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})
             if args.run:
-                try:
-                    instance = self.engine.run(instance, answers=answers, by=by)
-                except (InvalidAnswer, AnswerWriteDenied) as err:
-                    # the instance exists (saved, waiting for a valid answer): the refusal names it, or the
-                    # client could neither correct the answer nor find what it started
-                    if getattr(err, "instance_id", None) is None:
-                        err.instance_id = instance.id
-                    raise
+                instance = self.engine.run(instance, answers=answers, by=by)
             else:
                 self._save(instance)
         return _ran(instance)

@@ -480,10 +480,36 @@ class Engine:
         return self._create(process, *_prepared_start(process, data, clock=self.clock), instance_id=instance_id,
                             store=store)
 
+    @contextmanager
+    def starting(self, process: Process, data: Mapping[str, Any] | None = None, *, instance_id: str | None = None,
+                 answers: Mapping[str, Any] | None = None) -> Iterator[Instance]:
+        """A new instance (``start``) for a request that runs it on inside the block with ``answers``
+        (``run(process, data, answers=...)``, REST's start, ``layerflow run``). Given answers, the
+        instance is created in the store only when the block ends without an error, as one
+        ``all_or_nothing`` request: a start whose answer is refused (one the task's form or the layer
+        rules refuse, an option a confirmation does not offer) leaves nothing behind, and a client
+        that retries it makes no duplicate. Without answers it is created at once, as ``start`` does."""
+        given = any((answers or {}).get(section) for section in ANSWER_SECTIONS)
+        instance = self._create(process, *_prepared_start(process, data, clock=self.clock), instance_id=instance_id,
+                                create=not given)
+        if not given:
+            yield instance
+            return
+        from .governance import InvalidAnswer
+
+        try:
+            with self.all_or_nothing(instance):
+                yield instance
+        except (InvalidAnswer, AnswerWriteDenied) as err:
+            if instance.version == 0:
+                _not_created(err, instance)
+            raise
+
     def _create(self, process: Process, ctx: LayeredContext, wf: Any, *, instance_id: str | None = None,
-                store: "str | Store | None" = None) -> Instance:
+                store: "str | Store | None" = None, create: bool = True) -> Instance:
         """``start`` once its checks are done: ``ctx`` and ``wf`` are ``_prepared_start``'s (``worker.submit``
-        prepares them itself, so the checks it makes first are the ones it starts from)."""
+        prepares them itself, so the checks it makes first are the ones it starts from). ``create``
+        False: not in the store yet (version 0); its first ``save`` creates it."""
         clock = InstanceClock(self.clock, float(ctx.tape[-1].time) if len(ctx.tape) else 0.0)
         ctx.clock = clock
         now = clock()
@@ -492,9 +518,13 @@ class Engine:
         _Runtime(self, instance)
         if store is not None:
             instance.store = open_store(store) if isinstance(store, str) else store
+        if create:
+            self._insert(instance)
+        return instance
+
+    def _insert(self, instance: Instance) -> None:
         store_of = self._store_of(instance)
         instance.version = store_of.create(_record_for(store_of, instance))
-        return instance
 
     def run(self, instance: Instance | Process | str, data: Mapping[str, Any] | None = None, *,
             answers: Mapping[str, Any] | None = None,
@@ -508,18 +538,24 @@ class Engine:
         first: ``run(process, data)`` is ``run(start(process, data))``; given an instance id,
         loads it. A ``confirmations`` key that can match no confirmation of the process, or a
         ``user_tasks`` key that names no element of it, raises ``InvalidAnswer`` first, with
-        nothing started or run (``check_answer_keys``).
+        nothing started or run (``check_answer_keys``); an answer refused as the run gives it (its
+        form, the layer rules, an option not offered) leaves no instance behind either (``starting``).
         """
         if isinstance(instance, Process):
             check_answer_keys(instance, answers)
-            instance = self.start(instance, data)
-        else:
-            instance = self._instance(instance)
-            check_answer_keys(instance, answers)
-            if data is not None:
-                raise TypeError(f"Engine.run: instance {instance.id!r} has started already; start data goes to "
-                                "Engine.start(process, data) or Engine.run(process, data), and a running instance "
-                                "takes answers= (or Engine.inject)")
+            with self.starting(instance, data, answers=answers) as started:  # a refused answer: none created
+                return self._run(started, answers, ask, by)
+        instance = self._instance(instance)
+        check_answer_keys(instance, answers)
+        if data is not None:
+            raise TypeError(f"Engine.run: instance {instance.id!r} has started already; start data goes to "
+                            "Engine.start(process, data) or Engine.run(process, data), and a running instance "
+                            "takes answers= (or Engine.inject)")
+        return self._run(instance, answers, ask, by)
+
+    def _run(self, instance: Instance, answers: Mapping[str, Any] | None,
+             ask: Callable[[dict[str, Any]], Any] | None, by: str | None) -> Instance:
+        """``run`` once its answers are checked."""
         if instance.status in ("error", "cancelled"):
             return instance
         from .governance import InvalidAnswer
@@ -939,7 +975,7 @@ class Engine:
         return sorted(due, key=lambda item: _utc(item["due"]))
 
     def run_process(self, process: Process, data: Mapping[str, Any] | None = None, **kw: Any) -> Instance:
-        return self.run(self.start(process, data), **kw)
+        return self.run(process, data, **kw)  # a refused answer creates nothing, as in run
 
     # ----- internals -----------------------------------------------------------------
 
@@ -992,6 +1028,9 @@ class Engine:
             instance.held.pending = True
             return
         instance.updated = instance.clock()
+        if instance.version == 0:  # not in the store yet (``starting``): its first save creates it
+            self._insert(instance)
+            return
         store_of = self._store_of(instance)
         try:
             instance.version = store_of.save(_record_for(store_of, instance), instance.version)
@@ -1032,7 +1071,7 @@ class Engine:
                 self._note_refusal(instance, before, *refused)
             raise
         instance.held = None
-        if held.pending:
+        if held.pending or instance.version == 0:
             self._save(instance)
 
     def _put_back(self, instance: Instance, record: Mapping[str, Any]) -> None:
@@ -1214,13 +1253,33 @@ class AnswerWriteDenied(ContextWriteDenied):
         self.instance_id: str | None = None  # set where the instance was just started (the caller has no id yet)
 
     def __str__(self) -> str:
-        return f"the answer to user task {self.task_id!r} writes what the layer rules refuse: {super().__str__()}"
+        text = f"the answer to user task {self.task_id!r} writes what the layer rules refuse: {super().__str__()}"
+        created = getattr(self, "not_created", None)  # refused in the run of a start (``Engine.starting``)
+        return text if created is None else f"{text}; instance {created} was not created (nothing was saved): " \
+            "start it again with a corrected answer"
 
     def to_dict(self) -> dict[str, Any]:
         out = {**super().to_dict(), "task_id": self.task_id}
         if self.instance_id is not None:
             out["instance_id"] = self.instance_id
         return out
+
+
+#: how a refused answer's message says what waits for a corrected one (FormAnswerInvalid, a confirmation's
+#: option not offered, a multi-instance output item): said of an instance that was never created, it is cut
+_STILL_WAITS = re.compile(r"; (the task|instance \S+) still waits for (a corrected answer|it)\b.*$", re.S)
+
+
+def _not_created(err: LayerflowError, instance: Instance) -> None:
+    """``err``, refusing an answer to the run of a start that was never created (``Engine.starting``), told
+    so: it names no instance (``instance_id`` None) and says that nothing waits, nothing was saved."""
+    err.instance_id = None  # type: ignore[attr-defined]
+    err.not_created = instance.id  # type: ignore[attr-defined]
+    if isinstance(err, AnswerWriteDenied):
+        return  # its message is built from its fields (``not_created`` included)
+    text = _STILL_WAITS.sub("", str(err))
+    err.args = (f"{text}; instance {instance.id} of process {instance.process_id!r} was not created (nothing was "
+                "saved): start it again with a corrected answer",)
 
 
 def _utc(iso: str) -> datetime:

@@ -189,7 +189,8 @@ def test_a_start_whose_answer_the_form_refuses_creates_nothing(cli: Any, api: tu
     for _ in range(2):  # a client that retries
         refused = post(url, "/api/instances", {"process_id": "invoice_approval", "answers": bad})
         assert refused.status_code == 400 and refused.json()["error"]["kind"] == "invalid_answer", refused.text
-        assert "amount" in refused.json()["error"]["message"]
+        assert "amount" in refused.json()["error"]["message"] and "was not created" in refused.json()["error"]["message"]
+        assert "instance_id" not in refused.json()["error"]  # it names no instance: none exists
     assert local_http.get(f"{url}/api/instances", headers=AUTH).json() == []
     good = post(url, "/api/instances", {"process_id": "invoice_approval",
                                         "answers": {"user_tasks": {"approve_invoice": {"amount": 5}}}})

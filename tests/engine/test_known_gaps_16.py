@@ -62,7 +62,7 @@ def _timed_out(tmp_path: Path, store: str = "memory://", *, review: bool = True)
 def _assert_names_the_timeout(message: str) -> None:
     assert "'merge'" in message and "'risk_level'" in message, message
     assert "timeout" in message and "2023-11-14T22:14:21" in message, message   # when it was settled
-    assert "'needs_review'" in message and "'high'" in message, message        # with what; what came late
+    assert '"needs_review"' in message and '"high"' in message, message        # with what (as JSON); what came late
     assert "rollback" in message, message                                      # what the user can do
 
 

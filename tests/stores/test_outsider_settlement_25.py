@@ -298,7 +298,7 @@ def test_a_second_answer_is_refused_naming_the_first(day):
                           json={"value": "break", "instance_id": day.broken(), "user": "piet"})
     assert again.status_code == 409, again.text
     body = again.json()["error"]
-    assert body["kind"] == "already_answered" and "answered 'ready' by olga" in body["message"]
+    assert body["kind"] == "already_answered" and 'answered "ready" by olga' in body["message"]
 
 
 # ------------------------------------------------------------------------------ a crash
