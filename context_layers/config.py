@@ -435,6 +435,9 @@ _EITHER_PLACE = frozenset({"preserve_keys", "compress_rules", "compress_token_th
 # settings made of fields of their own, which a config file overrides one by one, as contextStrategy's:
 # a file that lengthens a join's humanConfirm.timeout keeps the BPMN's message, default and options
 _FIELD_BY_FIELD = ("conflict_policy", "human_confirm", "knowledge_config", "llm")
+# their maps keyed by context key, which an override merges key by key as well: a change of one key's
+# ranking (or default answer) keeps the other keys' (``mode: replace`` replaces them all)
+_KEY_BY_KEY = (("conflict_policy", "rankings"), ("human_confirm", "defaults"))
 
 
 def _once(rules: list[CompressRule]) -> list[CompressRule]:
@@ -614,7 +617,8 @@ class ActivityExtensionConfig(_Model):
     def merged_with(self, override: "ActivityExtensionConfig") -> "ActivityExtensionConfig":
         """Fields set in ``override`` replace ours (the config file over the BPMN extension),
         those of ``contextStrategy``, ``humanConfirm``, ``llm``, ``knowledgeConfig`` and
-        ``conflictPolicy`` one by one; a field the seed lets either place hold
+        ``conflictPolicy`` one by one, and the entries of ``conflictPolicy.rankings`` and
+        ``humanConfirm.defaults`` (maps keyed by context key) key by key; a field the seed lets either place hold
         (``compressRules``, the thresholds, ...) is replaced wherever ``override`` wrote it.
         ``preserveKeys`` add up: a key the process preserves stays preserved."""
         data = self.model_dump(exclude_unset=True)
@@ -629,6 +633,10 @@ class ActivityExtensionConfig(_Model):
             over["preserve_keys"] = list(dict.fromkeys([*self.preserve_keys, *override.preserve_keys]))
             over.get("context_strategy", {}).pop("preserve_keys", None)
         strategy = {**data.get("context_strategy", {}), **over.get("context_strategy", {})}
+        for section, name in _KEY_BY_KEY:
+            mine, theirs = data.get(section) or {}, over.get(section) or {}
+            if isinstance(mine.get(name), dict) and isinstance(theirs.get(name), dict):
+                theirs[name] = {**mine[name], **theirs[name]}
         for name in _FIELD_BY_FIELD:
             if isinstance(data.get(name), dict) and isinstance(over.get(name), dict):
                 over[name] = {**data[name], **over[name]}
