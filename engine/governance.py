@@ -1033,14 +1033,7 @@ class GovernanceService:
         there would look applied and reach nothing; refuse it too. So is a change of ``keys``
         that the branch's join asks a person about (``_refuse_asked``)."""
         GovernanceService._refuse_asked(instance, ctx, op, keys)
-        info = instance.branches.get(ctx.name)
-        if info is not None and info.get("status") in ("joined", "cancelled"):
-            parent = info.get("parent") or MAIN
-            done = (f"already merged into {parent!r}" + (f" at {info['join']!r}" if info.get("join") else "")
-                    if info["status"] == "joined" else "cancelled")
-            raise InstanceStateError(f"{op}: context {ctx.name!r} of instance {instance.id} (branch "
-                                     f"{info.get('branch_id') or ctx.name!r}) is {done}; nothing reads it any more. "
-                                     f"Change the context the process goes on in instead (`context`: {parent!r})")
+        GovernanceService._refuse_finished(instance, ctx, op)
         open_ = sorted(i.get("branch_id") or n for n, i in instance.branches.items()
                        if i.get("parent") == ctx.name and i.get("status") == "open")
         if open_:
@@ -1048,6 +1041,21 @@ class GovernanceService:
                                      f"({', '.join(open_)}) that will be merged into it at their join; change a "
                                      "branch context instead (`context`: a branch id) or wait for the join")
         return ctx
+
+    @staticmethod
+    def _refuse_finished(instance: Instance, ctx: LayeredContext, op: str, why: str = "",
+                         instead: str = "Change the context the process goes on in instead") -> None:
+        """A branch (or scope) context already merged, or cancelled, is read by nothing any more:
+        ``op`` there would look applied and reach nothing; refused, naming the context to use."""
+        info = instance.branches.get(ctx.name)
+        if info is None or info.get("status") not in ("joined", "cancelled"):
+            return
+        parent = info.get("parent") or MAIN
+        done = (f"already merged into {parent!r}" + (f" at {info['join']!r}" if info.get("join") else "")
+                if info["status"] == "joined" else "cancelled")
+        raise InstanceStateError(f"{op}: context {ctx.name!r} of instance {instance.id} (branch "
+                                 f"{info.get('branch_id') or ctx.name!r}) is {done}; nothing reads it any more{why}. "
+                                 f"{instead} (`context`: {parent!r})")
 
     @staticmethod
     def _asked(instance: Instance, ctx: LayeredContext) -> list[dict[str, Any]]:
@@ -1451,6 +1459,9 @@ class GovernanceService:
                  actor: str = "operator") -> dict[str, Any]:
         def apply(instance: Instance) -> dict[str, Any]:
             ctx = self.context_of(instance, args.context)
+            self._refuse_finished(instance, ctx, "snapshot", why=", and a rollback to a snapshot of it is refused "
+                                  "for that reason", instead="Snapshot the context it went into instead: it holds the "
+                                  "branch's work since then")
             snap = ctx.snapshot(label=args.label, actor=actor)
             shown = args.layers or [str(x) for x in Layer]
             return {"context": ctx.name, "snapshot_id": snap.id, "seq": snap.seq, "label": snap.label,
