@@ -173,6 +173,8 @@ class FormAnswerInvalid(InvalidAnswer):
     on the tape, the task still waiting. ``task_id``: the user task's BPMN id; ``problems``:
     ``[(field, what is wrong)]``; ``fields``: what the form asks for."""
 
+    WAITS = "; the task still waits for a corrected answer"  # said of a task that waits (``runtime._not_created``)
+
     def __init__(self, task_id: str, problems: list[tuple[str, str]], form: Mapping[str, Any], *,
                  instance_id: str | None = None) -> None:
         self.problems = list(problems)
@@ -182,7 +184,7 @@ class FormAnswerInvalid(InvalidAnswer):
         asked = forms.describe_fields(self.fields)
         super().__init__(f"the answer to user task {task_id!r} does not fit its form ({self.source}): {listed}"
                          + (f"; the form asks for: {asked}" if asked else "")
-                         + "; the task still waits for a corrected answer",
+                         + self.WAITS,
                          instance_id=instance_id, task_id=task_id)
 
     def to_dict(self) -> dict[str, Any]:
@@ -1269,8 +1271,8 @@ class GovernanceService:
         # held from before the instance exists, as every other change holds it: a request, worker
         # or `layerflow resume` that finds the new id (GET /api/instances) waits for this run
         instance_id = uuid.uuid4().hex[:12]
-        # with answers, created only once the run has taken them: a refused one (its form, an option not
-        # offered) leaves nothing behind, and a client that retries the start makes no duplicate
+        # with answers, created once the run has taken them: one its task's form refuses leaves nothing
+        # behind, and a client that retries the start makes no duplicate (``Engine.starting``)
         with self._lock(instance_id), self.engine.starting(process, args.data, instance_id=instance_id,
                                                             answers=answers if args.run else None) as instance:
             instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "governance"})

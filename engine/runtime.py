@@ -484,26 +484,35 @@ class Engine:
     def starting(self, process: Process, data: Mapping[str, Any] | None = None, *, instance_id: str | None = None,
                  answers: Mapping[str, Any] | None = None) -> Iterator[Instance]:
         """A new instance (``start``) for a request that runs it on inside the block with ``answers``
-        (``run(process, data, answers=...)``, REST's start, ``layerflow run``). Given answers, the
-        instance is created in the store only when the block ends without an error, as one
-        ``all_or_nothing`` request: a start whose answer is refused (one the task's form or the layer
-        rules refuse, an option a confirmation does not offer) leaves nothing behind, and a client
-        that retries it makes no duplicate. Without answers it is created at once, as ``start`` does."""
+        (``run(process, data, answers=...)``, REST's start, ``layerflow run``). Given answers, it is
+        created in the store when the block ends (the run's saves wait for it): a start whose answer
+        the task's form refuses (``FormAnswerInvalid``) leaves nothing behind, so a client that retries
+        it makes no duplicate; any other refused answer (an option a confirmation does not offer, one
+        the layer rules refuse, no JSON value) leaves the instance created, waiting for a valid answer,
+        and the error names it. Without answers it is created at once, as ``start`` does."""
         given = any((answers or {}).get(section) for section in ANSWER_SECTIONS)
         instance = self._create(process, *_prepared_start(process, data, clock=self.clock), instance_id=instance_id,
                                 create=not given)
         if not given:
             yield instance
             return
-        from .governance import InvalidAnswer
+        from .governance import FormAnswerInvalid, InvalidAnswer
 
+        instance.held = _Held()
         try:
-            with self.all_or_nothing(instance):
-                yield instance
+            yield instance
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            if instance.version == 0:
+            instance.held = None
+            if isinstance(err, FormAnswerInvalid):
                 _not_created(err, instance)
+                raise
+            self._save(instance)  # as the run left it: waiting for a valid answer
+            if getattr(err, "instance_id", None) is None:
+                err.instance_id = instance.id  # type: ignore[attr-defined]
             raise
+        finally:
+            instance.held = None
+        self._save(instance)
 
     def _create(self, process: Process, ctx: LayeredContext, wf: Any, *, instance_id: str | None = None,
                 store: "str | Store | None" = None, create: bool = True) -> Instance:
@@ -538,8 +547,8 @@ class Engine:
         first: ``run(process, data)`` is ``run(start(process, data))``; given an instance id,
         loads it. A ``confirmations`` key that can match no confirmation of the process, or a
         ``user_tasks`` key that names no element of it, raises ``InvalidAnswer`` first, with
-        nothing started or run (``check_answer_keys``); an answer refused as the run gives it (its
-        form, the layer rules, an option not offered) leaves no instance behind either (``starting``).
+        nothing started or run (``check_answer_keys``); an answer its task's form refuses as the run
+        gives it leaves no instance behind either (``starting``).
         """
         if isinstance(instance, Process):
             check_answer_keys(instance, answers)
@@ -1071,7 +1080,7 @@ class Engine:
                 self._note_refusal(instance, before, *refused)
             raise
         instance.held = None
-        if held.pending or instance.version == 0:
+        if held.pending:
             self._save(instance)
 
     def _put_back(self, instance: Instance, record: Mapping[str, Any]) -> None:
@@ -1253,10 +1262,7 @@ class AnswerWriteDenied(ContextWriteDenied):
         self.instance_id: str | None = None  # set where the instance was just started (the caller has no id yet)
 
     def __str__(self) -> str:
-        text = f"the answer to user task {self.task_id!r} writes what the layer rules refuse: {super().__str__()}"
-        created = getattr(self, "not_created", None)  # refused in the run of a start (``Engine.starting``)
-        return text if created is None else f"{text}; instance {created} was not created (nothing was saved): " \
-            "start it again with a corrected answer"
+        return f"the answer to user task {self.task_id!r} writes what the layer rules refuse: {super().__str__()}"
 
     def to_dict(self) -> dict[str, Any]:
         out = {**super().to_dict(), "task_id": self.task_id}
@@ -1265,19 +1271,13 @@ class AnswerWriteDenied(ContextWriteDenied):
         return out
 
 
-#: how a refused answer's message says what waits for a corrected one (FormAnswerInvalid, a confirmation's
-#: option not offered, a multi-instance output item): said of an instance that was never created, it is cut
-_STILL_WAITS = re.compile(r"; (the task|instance \S+) still waits for (a corrected answer|it)\b.*$", re.S)
-
-
 def _not_created(err: LayerflowError, instance: Instance) -> None:
     """``err``, refusing an answer to the run of a start that was never created (``Engine.starting``), told
     so: it names no instance (``instance_id`` None) and says that nothing waits, nothing was saved."""
+    from .governance import FormAnswerInvalid
+
     err.instance_id = None  # type: ignore[attr-defined]
-    err.not_created = instance.id  # type: ignore[attr-defined]
-    if isinstance(err, AnswerWriteDenied):
-        return  # its message is built from its fields (``not_created`` included)
-    text = _STILL_WAITS.sub("", str(err))
+    text = str(err).replace(FormAnswerInvalid.WAITS, "")
     err.args = (f"{text}; instance {instance.id} of process {instance.process_id!r} was not created (nothing was "
                 "saved): start it again with a corrected answer",)
 

@@ -98,7 +98,7 @@ def _started(url: str, process_id: str = "claim27", **extra: Any) -> str:
 @dataclass
 class Instances:
     wait: str   # waits at user task triage
-    docs: str   # waits for message docs_arrived
+    docs: str   # waits for message docs_arrived; two snapshots labelled "twice"
     join: str   # waits at the join for a person (confirmation join/claim_status), its branches open
 
 
@@ -110,6 +110,9 @@ def instances(served: Served) -> Instances:
         assert call(url, "post", f"/api/instances/{iid}/user-tasks/triage", {"data": {}}).status_code == 200
     r = call(url, "post", f"/api/instances/{join}/events", {"name": "docs_arrived", "payload": {}})
     assert r.json()["waiting_for"][0]["id"] == "join/claim_status", r.text
+    for _ in range(2):  # one label on two snapshots: a rollback to it cannot tell which is meant
+        taken = call(url, "post", "/api/context-governance/snapshot", {"instance_id": docs, "label": "twice"})
+        assert taken.status_code == 200, taken.text
     return Instances(wait, docs, join)
 
 
@@ -144,6 +147,7 @@ def _earning(i: Instances) -> dict[tuple[str, str], dict[int, Ask]]:
                                      **stale}),
             422: (f"{gov}/resolve", {"instance_id": i.join, "key": "claim_status", "reason": "no value"})},
         ("post", f"{gov}/rollback"): {
+            400: (f"{gov}/rollback", {"instance_id": i.docs, "snapshot_id": "twice"}),  # a label of two snapshots
             404: (f"{gov}/rollback", {"instance_id": i.wait, "snapshot_id": "snap:no"}),
             409: (f"{gov}/rollback", {"instance_id": i.wait, "snapshot_id": "snap:no", **stale}),
             422: (f"{gov}/rollback", {"instance_id": i.wait})},
