@@ -12,8 +12,8 @@ loaded machine the wall clock of one run doubles whenever a neighbour takes the 
 CPU time it needed stays within a few per cent (``--clock wall`` times the wall clock, as
 ``bench_engine`` does).
 
-    python bench/bench_ab.py --base /work/main                 # A: that checkout, B: this one
-    python bench/bench_ab.py --base /work/main --rounds 8 --runs 100 --clock wall
+    python bench/bench_ab.py /work/main                 # A: that checkout, B: this one
+    python bench/bench_ab.py /work/main --rounds 8 --runs 100 --clock wall
 
 Both checkouts run this file's copy of ``bench_engine`` (its plain baseline and runners),
 over their own ``engine``, ``context_layers``, ``gateways`` and loan handlers.
@@ -88,7 +88,7 @@ def _one(root: Path, runs: int, clock: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--base", type=Path, help="checkout A (the baseline)")
+    ap.add_argument("base", type=Path, nargs="?", help="checkout A (the baseline)")
     ap.add_argument("--new", type=Path, default=ROOT, help="checkout B (default: this one)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--runs", type=int, default=60, help="runs per row in each process")
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(worker(args.worker.resolve(), args.runs, args.clock)))
         return 0
     if args.base is None:
-        ap.error("--base CHECKOUT is required")
+        ap.error("name checkout A (the baseline): bench_ab.py PATH")
     sides = {"A": args.base.resolve(), "B": args.new.resolve()}
     got: dict[str, list[dict[str, float]]] = {"A": [], "B": []}
     print(f"A = {sides['A']}\nB = {sides['B']}\nloan demo, median ms ({args.clock} time) of {args.runs} runs per row "

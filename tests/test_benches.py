@@ -58,7 +58,7 @@ def test_bench_engine_prints_every_row_against_both_baselines(bench_tmp):
 @pytest.mark.slow
 def test_bench_ab_prints_each_round_of_both_checkouts_and_the_ratio(bench_tmp):
     """This checkout against itself, one round: a row per process, A first, then the medians and B / A."""
-    out = _bench(bench_tmp, "bench/bench_ab.py", "--base", str(ROOT), "--rounds", "1", "--runs", "2")
+    out = _bench(bench_tmp, "bench/bench_ab.py", str(ROOT), "--rounds", "1", "--runs", "2")
     number = r"\s+([0-9.]+)"
     rows = re.findall(rf"^\s+1\s+(A|B){number * 4}\s+([0-9.]+) ([0-9.]+) ([0-9.]+)$", out, re.M)
     assert [r[0] for r in rows] == ["A", "B"], out
