@@ -30,28 +30,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 ROWS = ("plain", "activity", "stop", "stop, no compress")
 MODES = {"activity": ("activity", True), "stop": ("stop", True), "stop, no compress": ("stop", False)}
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.thread_time, "wall": time.perf_counter}
-
-
-def interleaved(runners: dict[str, Callable[[], Any]], runs: int, clock: Callable[[], float]) -> dict[str, float]:
-    """Median milliseconds of each runner on ``clock``, the runners taking turns run by run in an
-    order that rotates (``bench_engine.interleaved``, with the clock chosen)."""
-    for fn in runners.values():
-        fn()  # warm up
-    names = list(runners)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(runs):
-        for name in names[i % len(names):] + names[:i % len(names)]:
-            t0 = clock()
-            runners[name]()
-            times[name].append(clock() - t0)
-    return {name: statistics.median(times[name]) * 1000 for name in names}
 
 
 def worker(root: Path, runs: int, clock: str) -> dict[str, float]:
@@ -74,7 +59,7 @@ def worker(root: Path, runs: int, clock: str) -> dict[str, float]:
     runners = {"plain": bench.plain_runner(bench.LOAN, bench.LOAN_DATA, bench.LayerflowBpmnParser, handlers)}
     for row, (save, compress) in MODES.items():
         runners[row] = bench.layerflow_runner(bench.LOAN, bench.LOAN_DATA, save, compress)
-    return interleaved(runners, runs, CLOCKS[clock])
+    return {row: ms for row, (ms, _) in bench.interleaved(runners, runs, clock=CLOCKS[clock]).items()}
 
 
 def _one(root: Path, runs: int, clock: str) -> dict[str, float]:

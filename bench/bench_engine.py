@@ -276,8 +276,10 @@ def breakdown(path: Path, data: dict[str, Any], save: str, compress: bool, runs:
     return {k: v for k, v in per_run.items() if k}, per_run[""]
 
 
-def interleaved(runners: dict[str, Callable[[], int]], runs: int, *, warm: bool = True) -> dict[str, tuple[float, int]]:
-    """Median milliseconds per run of each runner, and what its last run returned.
+def interleaved(runners: dict[str, Callable[[], int]], runs: int, *, warm: bool = True,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, tuple[float, int]]:
+    """Median milliseconds per run of each runner (on ``clock``: the wall clock, or
+    ``time.thread_time`` for the CPU time, as ``bench_ab`` times), and what its last run returned.
 
     The runners take turns, one run each per round, in an order that rotates from round to
     round: a slower stretch of a shared machine falls on every row alike, so the ratios
@@ -290,9 +292,9 @@ def interleaved(runners: dict[str, Callable[[], int]], runs: int, *, warm: bool 
     counts = dict.fromkeys(names, 0)
     for i in range(runs):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            t0 = time.perf_counter()
+            t0 = clock()
             counts[name] = runners[name]()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     return {name: (statistics.median(times[name]) * 1000, counts[name]) for name in names}
 
 
