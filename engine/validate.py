@@ -104,9 +104,9 @@ not make ``report.ok`` false:
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
 ``policy_key_never_written`` W        a join's ``conflictPolicy`` rule or ranking for a key nothing in the
                                       process writes (a misspelt key: the nearest known one is named)
-``preserve_key_never_written`` W     a ``preserveKeys`` entry for a key nothing in the process writes (a misspelt
-                                      key: the nearest known one is named; it keeps nothing, and the key it
-                                      was meant for is folded); with handlers, only a key close to a known one
+``preserve_key_never_written`` W     a ``preserveKeys`` entry for a key nothing in the process writes, close to
+                                      one it does (a misspelt key, the nearest named: it keeps nothing, and
+                                      the key it was meant for is folded)
 ``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
                                       policy can evaluate (a syntax error, a call or name outside the safe
                                       subset): the join would stop the instance with it
@@ -2635,12 +2635,12 @@ class _Validator:
 
     def _unwritten_key(self, config: ProcessConfigFile | None) -> Callable[[str], str | None]:
         """For a key a config names (a policy's, a preserveKeys entry): None when something in the process
-        may write it, else the "did you mean" hint (maybe empty) of a key nothing writes. What writes keys:
+        may write it, else the "did you mean" hint (maybe empty) of a key nothing writes; with ``near_only``
+        (and always when handlers may write any key) None too unless a written key is close to it. What writes keys:
         the BPMN's scripts, forms, mappings and decisions (without the config files, which name the key
         themselves), and of the configs the models' outputKeys and outputSchema properties, contextInject,
-        SYSTEM and the data layers' keys. When a handler (or a formless task, a model with no output keys)
-        may write keys not known here, only a key close to a known one (a misspelling) that no text of the
-        process, handler files included, names is reported."""
+        SYSTEM and the data layers' keys; when a handler (or a formless task, a model with no output keys)
+        may write keys, the handler files' text too."""
         open_ended = self._open_ended_writers()
         text = self._setter_text(configs=False, open_ended=open_ended) or " "
         known: set[str] = set(config.system) | set(config.data_layers) if config is not None else set()
@@ -2654,11 +2654,14 @@ class _Validator:
                 known.update(branch.context_inject)
         words = set(re.findall(r"[A-Za-z_][\w.-]*", text)) | known
 
-        def unwritten(key: str) -> str | None:
+        def unwritten(key: str, *, near_only: bool = False) -> str | None:
             if key in known or key.startswith("_") or re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", text):
                 return None
-            hint = _did_you_mean(key, words - {key})
-            return None if open_ended and not hint else hint
+            if not (open_ended or near_only):
+                return _did_you_mean(key, words - {key})
+            # a misspelling only: close to a key the process writes (not an element id sharing a word)
+            near = difflib.get_close_matches(key, words - {key}, n=3, cutoff=0.8)
+            return _did_you_mean(key, near) if near else None
 
         return unwritten
 
@@ -2692,13 +2695,14 @@ class _Validator:
     def _check_preserve_keys(self, config: ProcessConfigFile | None) -> None:
         """A ``preserveKeys`` entry for a key nothing in the process writes keeps nothing, while the key it
         was meant for (misspelt) is folded by the compressions like any other: its value is lost from the
-        context without a word. A warning: the key may come from outside."""
+        context without a word. Only an entry close to a key the process writes is named (a warning): a key
+        nothing here names is start data (``--data``) as often as not."""
         if not any(src.config.effective_preserve_keys for src in self.sources):
             return
         unwritten = self._unwritten_key(config)
         for src in self.sources:
             for key in src.config.effective_preserve_keys:
-                hint = unwritten(key)
+                hint = unwritten(key, near_only=True)  # a key nothing here names: start data, preserved as it comes
                 if hint is None:
                     continue
                 self.add("preserve_key_never_written",
