@@ -2633,7 +2633,7 @@ class _Validator:
         refs = (src.config.handler.rpartition(":")[0] for src in self.sources if isinstance(src.config.handler, str))
         return {path if path.is_absolute() else base / path for path in map(Path, refs) if path.suffix == ".py"}
 
-    def _unwritten_key(self, config: ProcessConfigFile | None) -> Callable[[str], str | None]:
+    def _unwritten_key(self, config: ProcessConfigFile | None) -> Callable[..., str | None]:
         """For a key a config names (a policy's, a preserveKeys entry): None when something in the process
         may write it, else the "did you mean" hint (maybe empty) of a key nothing writes; with ``near_only``
         (and always when handlers may write any key) None too unless a written key is close to it. What writes keys:
