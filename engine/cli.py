@@ -696,7 +696,8 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             instance = engine.run(instance, answers=answers, by=by,
                                   ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
+            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None),
+                            store)
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
@@ -815,11 +816,11 @@ def _answers_source(answers_file: str | None, answer: tuple[str, ...]) -> str:
 
 
 def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str,
-                    task_id: str | None = None) -> NoReturn:
+                    task_id: str | None = None, store: str | None = None) -> NoReturn:
     """Exit 2: an answer given that is not an offered option. Nothing of it was applied (of a
     resume, nothing of the command: ``Engine.all_or_nothing``); the instance still waits
-    (``layerflow resume ID --answer ...`` with a valid one)."""
-    message = f"{source}: {err}" if source else str(err)
+    (``layerflow resume ID --answer ...`` with a valid one, in the store this command used)."""
+    message = _resume_at(f"{source}: {err}" if source else str(err), instance.id, store)
     if out.as_json:
         cause = err.__cause__
         document = _refusal_document(instance, {
@@ -831,6 +832,20 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _resume_at(message: str, instance_id: str, store: str | None) -> str:
+    """The engine's ``layerflow resume ID`` in ``message`` (it knows no store) as this command's user
+    pastes it: with the ``--store`` the command was given; of a ``memory://`` store, gone with the
+    command, not offered at all."""
+    command = f"`layerflow resume {instance_id}"
+    if command not in message:
+        return message
+    if store is not None and store.lower().startswith("memory://"):
+        return (message.split(f"; instance {instance_id} still waits", 1)[0]
+                + f"; store {store} lives only in this command: run it again with a corrected answer, or with "
+                  "--store sqlite:///FILE to resume it later")
+    return message.replace(command, command + _store_hint(store))
 
 
 def _waiting_ids(instance: Instance) -> set[str]:
@@ -1026,7 +1041,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             try:  # a user task's answer that names no user task is a typo, completed or not
                 check_completed_answer_keys(instance, answers, source=_answers_source(answers_file, answer))
             except InvalidAnswer as err:
-                _invalid_answer(out, instance, err, "")
+                _invalid_answer(out, instance, err, "", store=store)
             instance = engine.resume(instance, answers=answers)  # as it is: its notices name each answer
             for notice in instance.notices:
                 out.info(f"layerflow: {notice}")
@@ -1097,7 +1112,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 instance = engine.resume(instance, answers=answers,
                                          ask=_asker(out, yes, bool(answers_file or answer), instance.clock), by=by)
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
+            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None), store)
         except StoreError as err:
             _store_failed_mid_run(instance, err, as_json)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too

@@ -16,6 +16,7 @@ import json
 import os
 import pty
 import select
+import shlex
 import shutil
 import subprocess
 import sys
@@ -151,3 +152,24 @@ def test_a_misspelt_preserve_key_is_named_by_validate_and_by_the_compression(tmp
     slip = "it folded 'risk_rating' (preserveKeys name 'risk_ratings', which no layer holds: a misspelling of 'risk_rating'?"
     assert slip in done.stderr
     assert any(note.startswith(slip) for note in doc["compressions"][0]["notes"])
+
+
+def test_a_refused_answer_names_the_resume_to_paste_with_its_store(tmp_path: Path) -> None:
+    """The partner answers with the branch's name instead of its value: refused (exit 2), and the
+    `layerflow resume` the message offers works when pasted (it names the store the run used)."""
+    answers = json.loads((HERE / "answers.json").read_text())
+    answers["confirmations"]["review_join/redlines"] = "legal_review"
+    (tmp_path / "answers.json").write_text(json.dumps(answers))
+    store = f"sqlite:///{tmp_path / 'my runs.db'}"
+    done = layerflow("run", str(BPMN), "--data", str(HERE / "start.json"), "--answers", str(tmp_path / "answers.json"),
+                     "--store", store, code=2)
+    command = done.stderr.split("(`", 1)[1].split("`)", 1)[0]
+    assert command.startswith("layerflow resume ") and f"--store '{store}'" in command, done.stderr
+    pasted = command.replace("layerflow ", "", 1).replace("VALUE", "'[\"payment in 60 days\"]'")
+    resumed = subprocess.run(f"{shlex.quote(sys.executable)} -m engine.cli {pasted} --json", shell=True,
+                             capture_output=True, text=True, env=ENV, timeout=120)
+    assert resumed.returncode == 3, resumed.stderr       # round 2 waits for the partner again
+    assert json.loads(resumed.stdout)["conflicts"][0]["resolution"]["value"] == ["payment in 60 days"]
+    gone = layerflow("run", str(BPMN), "--data", str(HERE / "start.json"), "--answers", str(tmp_path / "answers.json"),
+                     "--store", "memory://", code=2)
+    assert "layerflow resume" not in gone.stderr and "memory:// lives only in this command" in gone.stderr
