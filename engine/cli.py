@@ -699,7 +699,7 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None),
                             store)
         except StoreError as err:
-            _store_failed_mid_run(instance, err, as_json)
+            _store_failed_mid_run(instance, err, as_json, store)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
@@ -718,7 +718,7 @@ def check_start_data(process: Any, data: Mapping[str, Any], data_file: str | Non
               details=start_data_details(err), process_id=process.id)
 
 
-def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:
+def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool, store: str | None = None) -> NoReturn:
     """The store stopped answering (or refused a write) while the instance ran: name the instance,
     which its last committed save keeps, so the user can continue it (the `--json` document
     carries its id and process, not null). A second answer to a confirmation is no store failure
@@ -727,7 +727,8 @@ def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) ->
         fields = {k: v for k, v in err.to_dict().items() if k not in ("kind", "message")}
         _fail(str(err), as_json=as_json, kind=err.kind, details={**fields, **_named(instance)})
     _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
-          f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
+          f"the store answers, `layerflow resume {instance.id}{_store_hint(store)}` continues it from its last save",
+          EXIT_ERROR,
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
 
 
@@ -1114,7 +1115,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
         except (InvalidAnswer, AnswerWriteDenied) as err:
             _invalid_answer(out, instance, err, source, getattr(err, "task_id", None), store)
         except StoreError as err:
-            _store_failed_mid_run(instance, err, as_json)
+            _store_failed_mid_run(instance, err, as_json, store)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
