@@ -1319,11 +1319,17 @@ def _service(store: str | None, as_json: bool) -> Any:
 
 
 def _branch_context(service: Any, instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
-    """A context by name or by branch id (as the REST API takes it)."""
+    """A context by name or by branch id (as the REST API takes it). A branch id that ran in several
+    contexts (a loop back through its split) gives the open one, else the latest: stderr says which,
+    and names the others, so an audit of an earlier round does not read the latest one's unawares."""
     try:
         ctx: LayeredContext = service.context_of(instance, name)
     except LayerflowError as err:
         _governance_fail(err, as_json, instance=instance)
+    ran = service.branch_contexts(instance, name) if name is not None and name not in instance.contexts else []
+    if len(ran) > 1:
+        click.echo(f"layerflow: branch {name!r} ran in {len(ran)} contexts: {', '.join(ran)}; this is {ctx.name}"
+                   f"{', the latest' if ctx.name == ran[-1] else ''}; name another with --context in full", err=True)
     return ctx
 
 

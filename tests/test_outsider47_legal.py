@@ -173,3 +173,13 @@ def test_a_refused_answer_names_the_resume_to_paste_with_its_store(tmp_path: Pat
     gone = layerflow("run", str(BPMN), "--data", str(HERE / "start.json"), "--answers", str(tmp_path / "answers.json"),
                      "--store", "memory://", code=2)
     assert "layerflow resume" not in gone.stderr and "memory:// lives only in this command" in gone.stderr
+
+
+def test_a_branch_id_that_ran_in_two_rounds_says_which_context_it_shows(reviewed: dict[str, Any]) -> None:
+    """The legal branch ran once per negotiation round: `--context legal_review` shows the latest round,
+    and says so, naming the other one to ask for in full."""
+    done = layerflow("replay", reviewed["id"], "--context", "legal_review", "--until", "3", "--store", reviewed["store"],
+                     "--json")
+    assert json.loads(done.stdout)["context"] == "main/legal_review@40"
+    assert ("branch 'legal_review' ran in 2 contexts: main/legal_review@16, main/legal_review@40; this is "
+            "main/legal_review@40, the latest") in done.stderr
