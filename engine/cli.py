@@ -696,9 +696,10 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             instance = engine.run(instance, answers=answers, by=by,
                                   ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
+            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None),
+                            store)
         except StoreError as err:
-            _store_failed_mid_run(instance, err, as_json)
+            _store_failed_mid_run(instance, err, as_json, store)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
@@ -717,7 +718,7 @@ def check_start_data(process: Any, data: Mapping[str, Any], data_file: str | Non
               details=start_data_details(err), process_id=process.id)
 
 
-def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:
+def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool, store: str | None = None) -> NoReturn:
     """The store stopped answering (or refused a write) while the instance ran: name the instance,
     which its last committed save keeps, so the user can continue it (the `--json` document
     carries its id and process, not null). A second answer to a confirmation is no store failure
@@ -726,7 +727,8 @@ def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) ->
         fields = {k: v for k, v in err.to_dict().items() if k not in ("kind", "message")}
         _fail(str(err), as_json=as_json, kind=err.kind, details={**fields, **_named(instance)})
     _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
-          f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
+          f"the store answers, `layerflow resume {instance.id}{_store_hint(store)}` continues it from its last save",
+          EXIT_ERROR,
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
 
 
@@ -815,11 +817,11 @@ def _answers_source(answers_file: str | None, answer: tuple[str, ...]) -> str:
 
 
 def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str,
-                    task_id: str | None = None) -> NoReturn:
+                    task_id: str | None = None, store: str | None = None) -> NoReturn:
     """Exit 2: an answer given that is not an offered option. Nothing of it was applied (of a
     resume, nothing of the command: ``Engine.all_or_nothing``); the instance still waits
-    (``layerflow resume ID --answer ...`` with a valid one)."""
-    message = f"{source}: {err}" if source else str(err)
+    (``layerflow resume ID --answer ...`` with a valid one, in the store this command used)."""
+    message = _resume_at(f"{source}: {err}" if source else str(err), instance.id, store)
     if out.as_json:
         cause = err.__cause__
         document = _refusal_document(instance, {
@@ -831,6 +833,20 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _resume_at(message: str, instance_id: str, store: str | None) -> str:
+    """The engine's ``layerflow resume ID`` in ``message`` (it knows no store) as this command's user
+    pastes it: with the ``--store`` the command was given; of a ``memory://`` store, gone with the
+    command, not offered at all."""
+    command = f"`layerflow resume {instance_id}"
+    if command not in message:
+        return message
+    if store is not None and store.lower().startswith("memory://"):
+        return (message.split(f"; instance {instance_id} still waits", 1)[0]
+                + f"; store {store} lives only in this command: run it again with a corrected answer, or with "
+                  "--store sqlite:///FILE to resume it later")
+    return message.replace(command, command + _store_hint(store))
 
 
 def _waiting_ids(instance: Instance) -> set[str]:
@@ -1026,7 +1042,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             try:  # a user task's answer that names no user task is a typo, completed or not
                 check_completed_answer_keys(instance, answers, source=_answers_source(answers_file, answer))
             except InvalidAnswer as err:
-                _invalid_answer(out, instance, err, "")
+                _invalid_answer(out, instance, err, "", store=store)
             instance = engine.resume(instance, answers=answers)  # as it is: its notices name each answer
             for notice in instance.notices:
                 out.info(f"layerflow: {notice}")
@@ -1097,9 +1113,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 instance = engine.resume(instance, answers=answers,
                                          ask=_asker(out, yes, bool(answers_file or answer), instance.clock), by=by)
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
+            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None), store)
         except StoreError as err:
-            _store_failed_mid_run(instance, err, as_json)
+            _store_failed_mid_run(instance, err, as_json, store)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
@@ -1303,11 +1319,17 @@ def _service(store: str | None, as_json: bool) -> Any:
 
 
 def _branch_context(service: Any, instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
-    """A context by name or by branch id (as the REST API takes it)."""
+    """A context by name or by branch id (as the REST API takes it). A branch id that ran in several
+    contexts (a loop back through its split) gives the open one, else the latest: stderr says which,
+    and names the others, so an audit of an earlier round does not read the latest one's unawares."""
     try:
         ctx: LayeredContext = service.context_of(instance, name)
     except LayerflowError as err:
         _governance_fail(err, as_json, instance=instance)
+    ran = service.branch_contexts(instance, name) if name is not None and name not in instance.contexts else []
+    if len(ran) > 1:
+        click.echo(f"layerflow: branch {name!r} ran in {len(ran)} contexts: {', '.join(ran)}; this is {ctx.name}"
+                   f"{', the latest' if ctx.name == ran[-1] else ''}; name another with --context in full", err=True)
     return ctx
 
 

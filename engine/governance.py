@@ -972,6 +972,11 @@ class GovernanceService:
             pass  # someone saved meanwhile; the refusal itself still stands
 
     @staticmethod
+    def branch_contexts(instance: Instance, name: str) -> list[str]:
+        """The contexts branch id ``name`` ran in, oldest first (one per pass of a loop through its split)."""
+        return [n for n, info in instance.branches.items() if info.get("branch_id") == name and n in instance.contexts]
+
+    @staticmethod
     def context_of(instance: Instance, name: str | None) -> LayeredContext:
         """A context by name, or by branch id (its open one, else its latest). A branch id that
         several open contexts run at once (the instances of a multi-instance body, a called
@@ -980,7 +985,7 @@ class GovernanceService:
             return instance.main
         if name in instance.contexts:
             return instance.contexts[name]
-        matches = [n for n, info in instance.branches.items() if info.get("branch_id") == name and n in instance.contexts]
+        matches = GovernanceService.branch_contexts(instance, name)
         if matches:
             open_ = [n for n in matches if instance.branches[n].get("status") in ("open", "scope")]  # live ones
             if len(open_) > 1:

@@ -2865,6 +2865,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                   redact=self.process.redact_for(bpmn_id))
                   if self.engine.compress else None)
         if record is not None:
+            slips = _folded_preserve_slips(ctx, record)
+            if slips:  # a misspelt preserveKeys entry let the compression fold the key it was meant for
+                record["notes"] = [*(record.get("notes") or []), *slips]
+                self.instance.notices.extend(f"the compression after {bpmn_id!r}: {slip}" for slip in slips)
             self.instance.compressions.append(record)
         if self.engine.progress is not None:
             self.engine.progress(self.instance, bpmn_id, ctx)
@@ -3469,6 +3473,14 @@ def _misspelt_preserved(ctx: LayeredContext, name: str) -> str:
     named = ", ".join(repr(k) for k in close)
     return (f" (preserveKeys name {named}, which no layer holds: a misspelling of {name!r}? "
             f"write {name!r} there instead)")
+
+
+def _folded_preserve_slips(ctx: LayeredContext, record: Mapping[str, Any]) -> list[str]:
+    """A key a compression folded or dropped that reads like a ``preserveKeys`` entry no layer holds:
+    the entry was meant for it, misspelt, and its value is gone from the context without a word."""
+    gone = [*(record.get("folded") or []), *(record.get("dropped") or [])]
+    return [f"it folded {name!r}{hint}" for name in dict.fromkeys(gone) if isinstance(name, str)
+            for hint in [_misspelt_preserved(ctx, name)] if hint]
 
 
 def _start_data(ctx: LayeredContext | None, err: BaseException, others: Iterable[LayeredContext]) -> str:
