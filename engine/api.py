@@ -574,9 +574,9 @@ ROUTE_ERRORS: dict[str, tuple[str, ...]] = {
     "config": (*_CHANGED, "bad_request", "invalid_config"),
     "snapshot": _CHANGED,
     "branch_evaluate": _LOADED,
-    "tools": (),
+    "tools": ("validation_error",),  # a query parameter it does not take (_known_query)
     "call_tool": _ANSWERED,  # the tools' errors: context_branch resolves, context_compress changes
-    "processes": (),
+    "processes": ("validation_error",),
     "process": ("not_found", "invalid_process", "invalid_config"),
     "list_instances": ("validation_error", "store_unavailable"),
     "start": ("validation_error", "not_found", "invalid_process", "invalid_config", "bad_request", "invalid_value",
@@ -686,7 +686,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     secret = token if token is not None else os.environ.get(TOKEN_ENV) or None
 
     app = FastAPI(title="layerflow", version="0.1.0",
-                  description="Context governance for BPMN processes with a layered LLM context.")
+                  description="Context governance for BPMN processes with a layered LLM context.",
+                  dependencies=[Depends(_known_query)])
     app.state.service = service
 
     def openapi() -> dict[str, Any]:
@@ -923,10 +924,11 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
              responses={200: {"model": list[InstanceSummary], "description": "the instances, newest first"},
                         **route_responses("list_instances")})
     def list_instances(status: Status | None = Query(default=None, description="only this status"),
+                       process_id: str | None = Query(default=None, description="only the instances of this process"),
                        s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
         """Instance summaries, newest first, each naming who holds its lease right now (``held_by``)."""
-        return s.list_instances(status, holders=True)
+        return s.list_instances(status, holders=True, process_id=process_id)
 
     @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
               responses=document_responses("start", 201))
@@ -1047,6 +1049,31 @@ def _documented(request: Request, response: JSONResponse) -> JSONResponse:
     return response
 
 
+def _query_names(route: APIRoute) -> list[str]:
+    """The query parameters ``route`` takes (its own and its dependencies'), by the names a client sends."""
+    names, todo = [], [route.dependant]
+    while todo:
+        dependant = todo.pop()
+        names += [p.alias for p in dependant.query_params]
+        todo += dependant.dependencies
+    return list(dict.fromkeys(names))
+
+
+def _known_query(request: Request) -> None:
+    """Refuse a query parameter the route does not take (``?stauts=waiting``, ``?process=``): dropped,
+    it would answer as if no filter were asked for, as a body field the route has no place for is
+    refused (``_problem``)."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.url.path.startswith("/api/"):
+        return
+    taken = _query_names(route)
+    unknown = [name for name in dict.fromkeys(request.query_params) if name not in taken]
+    if unknown:
+        raise RequestValidationError([{"loc": ("query", name), "type": "extra_forbidden", "input": None,
+                                       "msg": "Extra inputs are not permitted", "ctx": {"taken": taken}}
+                                      for name in unknown])
+
+
 def _kind_of(response: JSONResponse) -> str:
     return str(json.loads(bytes(response.body))["error"]["kind"])
 
@@ -1066,6 +1093,12 @@ def _problem(error: Any, body_model: Any = None, path_params: Mapping[str, Any] 
         return {"field": "query.until",
                 "message": f"until {error.get('input')!r}: a tape sequence number counts from 1 (0: before the "
                            f"first event); GET /api/instances/{iid}/tape lists them (each event's `seq`)"}
+    if error.get("type") == "extra_forbidden" and loc[:1] == ("query",):  # _known_query's
+        taken = list((error.get("ctx") or {}).get("taken") or [])
+        close = difflib.get_close_matches(str(loc[-1]), taken, n=1, cutoff=0.6)
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        takes = f"the query parameters it takes: {', '.join(taken)}" if taken else "it takes no query parameters"
+        return {"field": f"query.{loc[-1]}", "message": f"no query parameter {loc[-1]!r} here; {meant}{takes}"}
     if error.get("type") == "extra_forbidden" and loc[:1] == ("body",) and len(loc) > 1:
         fields = _fields_at(body_model, loc[1:-1])
         name = str(loc[-1])

@@ -1241,16 +1241,18 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 @main.command("list")
 @click.option("--status", type=click.Choice(get_args(Status)), default=None,
               help="only the instances of this status (as GET /api/instances?status=)")
+@click.option("--process", "process_id", default=None, metavar="PROCESS_ID",
+              help="only the instances of this process (as GET /api/instances?process_id=)")
 @_store_option
 @_json_option
-def list_instances(status: str | None, store: str | None, as_json: bool) -> None:
+def list_instances(status: str | None, process_id: str | None, store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
     waiting one whose timer or answer is being run from one that still waits."""
     from .governance import instance_rows
 
     engine = _existing_engine(store, None, as_json)
-    rows = instance_rows(engine.store, status, holders=True) if engine is not None else []
+    rows = instance_rows(engine.store, status, holders=True, process_id=process_id) if engine is not None else []
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return

@@ -862,11 +862,14 @@ class SnapshotNotFound(ContextKeyError):
                 "recent_snapshots": self.recent}
 
 
-def instance_rows(store: Any, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
-    """The store's instances, newest first (of one ``status``, when given), each with ``instance_id`` as
-    ``run --json`` names it beside the store's ``id``: GET /api/instances and ``layerflow list --json``
-    alike. ``holders``: each with ``held_by`` (a lease lookup per row, so only for a listing someone reads)."""
-    rows = [{"instance_id": r["id"], **r} for r in store.list() if status is None or r.get("status") == status]
+def instance_rows(store: Any, status: str | None = None, *, holders: bool = False,
+                  process_id: str | None = None) -> list[dict[str, Any]]:
+    """The store's instances, newest first (of one ``status`` and one ``process_id``, when given), each
+    with ``instance_id`` as ``run --json`` names it beside the store's ``id``: GET /api/instances and
+    ``layerflow list --json`` alike. ``holders``: each with ``held_by`` (a lease lookup per row, so only
+    for a listing someone reads)."""
+    rows = [{"instance_id": r["id"], **r} for r in store.list()
+            if (status is None or r.get("status") == status) and (process_id is None or r.get("process_id") == process_id)]
     if holders:
         for r in rows:
             r["held_by"] = held_by(store, r["id"], r["status"])
@@ -1079,10 +1082,11 @@ class GovernanceService:
             start_form = {"event_id": event_id, **forms.public_form(form)}
         return {**(entry or {"id": process_id}), "start_form": start_form}
 
-    def list_instances(self, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
+    def list_instances(self, status: str | None = None, *, holders: bool = False,
+                       process_id: str | None = None) -> list[dict[str, Any]]:
         """Summaries, newest first; ``holders``: each with ``held_by`` (a lease lookup per row, so
         only for a listing someone reads)."""
-        return instance_rows(self.engine.store, status, holders=holders)
+        return instance_rows(self.engine.store, status, holders=holders, process_id=process_id)
 
     def document(self, instance_id: str) -> dict[str, Any]:
         """The instance's `run --json` document, plus its version and who holds its lease."""

@@ -354,3 +354,23 @@ def test_paging_through_the_whole_tape_loses_no_event(call: Client) -> None:
     assert last["events"] == [] and last["next_offset"] is None
     refused(call("GET", "/api/instances/{instance_id}/tape", iid, params={"offset": -1}), 422,
             "validation_error", "query.offset")
+
+
+def test_layerflow_list_filters_by_process_as_rest_does(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    data = json.dumps({"expense_id": "EXP-cli", "employee": "ann", "category": "meals", "rounds": 0})
+    run = CliRunner().invoke(main, ["run", str(HERE / "expense.bpmn"), "--data", data, "--store", store, "--json"])
+    assert run.exit_code == 3, run.output
+    iid = json.loads(run.stdout)["instance_id"]
+
+    def listed(*args: str) -> list[str]:
+        out = CliRunner().invoke(main, ["list", *args, "--store", store, "--json"])
+        assert out.exit_code == 0, out.output
+        return [row["instance_id"] for row in json.loads(out.stdout)]
+
+    assert listed("--process", PROCESS) == [iid] == listed("--process", PROCESS, "--status", "waiting")
+    assert listed("--process", "loan_approval") == []
