@@ -415,6 +415,8 @@ class TapeDocument(_Open):
     version: int
     count: int
     events: list[TapeEvent]
+    total: int = Field(description="how many events the filters select, on every page")
+    next_offset: int | None = Field(description="the `offset` of the next page; null on the last one")
     note: str | None = None
     kinds: list[str] | None = None
     activities: list[str] | None = None
@@ -988,10 +990,14 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
              responses=answer_responses("tape", TapeDocument, "the selected events"))
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,
              branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
-             limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+             limit: int | None = Query(default=None, ge=1),
+             offset: int = Query(default=0, ge=0, description=(
+                 "skip this many of the selected events: page with `limit` and the answer's `next_offset` (`since` "
+                 "counts one context's tape, so it cannot page through several)")),
+             s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Tape events of every context (or one), by time; filters as `layerflow tape`."""
         return s.tape(instance_id, context=context, kind=kind, activity=activity, branch=branch, key=key,
-                      since=since, limit=limit)
+                      since=since, limit=limit, offset=offset)
 
     @app.get("/api/confirmations", tags=["confirmations"], responses=route_responses("confirmations"))
     def confirmations(instance_id: QueryId = None, s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:

@@ -1096,14 +1096,21 @@ class GovernanceService:
 
     def tape(self, instance_id: str, *, context: str | None = None, kind: str | None = None,
              activity: str | None = None, branch: str | None = None, key: str | None = None,
-             since: int | None = None, limit: int | None = None) -> dict[str, Any]:
+             since: int | None = None, limit: int | None = None, offset: int = 0) -> dict[str, Any]:
+        """The events the filters select, ``limit`` of them from the ``offset``-th on, with how many
+        they select in all (``total``) and where the next page starts (``next_offset``, None at the end)."""
         instance = self.load(instance_id)
         names = [self.context_of(instance, context).name] if context else list(instance.contexts)
-        rows = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
-                         limit=limit)
+        selected = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
+                             limit=None)
+        rows = selected[offset:][:limit]
+        end = offset + len(rows)
         doc = {"instance_id": instance.id, "version": instance.version, "count": len(rows),
-               "events": [event_document(name, e) for name, e in rows]}
-        if not rows:  # a typo in a filter, or filters that exclude each other: say which, as `layerflow tape` does
+               "events": [event_document(name, e) for name, e in rows],
+               "total": len(selected), "next_offset": end if end < len(selected) else None}
+        if selected and not rows:
+            doc["note"] = f"offset {offset} is past the end: the filters select {len(selected)} events (offsets 0..{len(selected) - 1})"
+        elif not rows:  # a typo in a filter, or filters that exclude each other: say which, as `layerflow tape` does
             doc["note"], listed = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key,
                                             since=since)
             doc.update(listed)
@@ -1821,9 +1828,11 @@ def no_key_or_branch(contexts: Iterable[LayeredContext], key: str | None,
 
 def tape_rows(instance: Instance, names: Iterable[str], *, kind: str | None, activity: str | None,
               branch: str | None, key: str | None, since: int | None,
-              limit: int | None) -> list[tuple[str, Event]]:
-    """The events of the contexts ``names`` that pass every filter, by time, at most ``limit``:
-    (context name, event) pairs, as ``layerflow tape`` and REST's tape list them."""
+              limit: int | None, offset: int = 0) -> list[tuple[str, Event]]:
+    """The events of the contexts ``names`` that pass every filter, by time, at most ``limit`` from the
+    ``offset``-th on: (context name, event) pairs, as ``layerflow tape`` and REST's tape list them.
+    ``offset`` pages through a listing of several contexts, where ``since`` (one context's numbering)
+    cannot: the order is the tapes' own, so a page's place stays put as the tapes grow."""
     wanted = kind_names(kind)
     rows: list[tuple[float, str, Event]] = []
     for name in names:
@@ -1833,7 +1842,7 @@ def tape_rows(instance: Instance, names: Iterable[str], *, kind: str | None, act
         rows.extend((e.time, name, e) for e in found
                     if (since is None or e.seq >= since) and (wanted is None or matches_kind(e, wanted)))
     rows.sort(key=lambda r: (r[0], r[2].seq))
-    return [(name, e) for _, name, e in rows[:limit]]
+    return [(name, e) for _, name, e in rows[offset:][:limit]]
 
 
 def tape_miss(instance: Instance, names: Iterable[str], *, kind: str | None, activity: str | None,

@@ -42,8 +42,13 @@ GOV = "/api/context-governance"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    yield from serving(tmp_path_factory.mktemp("o48"), HERE)
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("o48")
+
+
+@pytest.fixture(scope="module")
+def server(folder: Path) -> Iterator[str]:
+    yield from serving(folder, HERE)  # its store: folder/rest.db
 
 
 @pytest.fixture(scope="module")
@@ -374,3 +379,21 @@ def test_layerflow_list_filters_by_process_as_rest_does(tmp_path: Path) -> None:
 
     assert listed("--process", PROCESS) == [iid] == listed("--process", PROCESS, "--status", "waiting")
     assert listed("--process", "loan_approval") == []
+
+
+def test_layerflow_tape_pages_with_offset_as_rest_does(call: Client, folder: Path) -> None:
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    iid, _ = to_the_join(call, "hotel", 300, 0, "rejected")
+    whole = ok(call("GET", "/api/instances/{instance_id}/tape", iid))
+    store = f"sqlite:///{folder / 'rest.db'}"
+
+    def page(*args: str) -> list[Any]:
+        out = CliRunner().invoke(main, ["tape", iid, *args, "--store", store, "--json"])
+        assert out.exit_code == 0, out.output
+        return list(json.loads(out.stdout))
+
+    assert page("--offset", "5", "--limit", "4") == whole["events"][5:9]
+    assert page("--offset", str(whole["total"])) == []
