@@ -579,7 +579,7 @@ ROUTE_ERRORS: dict[str, tuple[str, ...]] = {
     "tools": ("validation_error",),  # a query parameter it does not take (_known_query)
     "call_tool": _ANSWERED,  # the tools' errors: context_branch resolves, context_compress changes
     "processes": ("validation_error",),
-    "process": ("not_found", "invalid_process", "invalid_config"),
+    "process": ("validation_error", "not_found", "invalid_process", "invalid_config"),
     "list_instances": ("validation_error", "store_unavailable"),
     "start": ("validation_error", "not_found", "invalid_process", "invalid_config", "bad_request", "invalid_value",
               "invalid_answer", "permission_denied", "store_unavailable"),
