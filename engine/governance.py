@@ -2012,6 +2012,10 @@ def _refuse_if_closed(instance: Instance, wanted: str | None) -> None:
     if not closed:
         return
     refuse_if_cancelled(instance, f"take an answer to confirmation {closed[-1]['id']!r}")
+    if closed[-1].get("closed_by") == "completion":
+        raise InstanceStateError(f"confirmation {closed[-1]['id']!r} of instance {instance.id} was closed unanswered "
+                                 "when the instance completed (no step waited for it); nothing reads an answer to "
+                                 "it any more, and a completed instance is not changed")
     raise InstanceStateError(f"confirmation {closed[-1]['id']!r} of instance {instance.id} was cancelled with its "
                              f"join {closed[-1].get('task_id')!r} (an interrupting event or a terminate end event "
                              "ended it); nothing reads an answer to it. `layerflow inspect` shows what the instance "

@@ -88,7 +88,8 @@ from .answer import answer_problems
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, config_file_changes, config_file_section_changes
-from .scope_steps import ABSENT, MI_OWNERS_KEY, ScopeSteps, close_cancelled, close_open_branches, no_output_item
+from .scope_steps import (ABSENT, MI_OWNERS_KEY, ScopeSteps, close_at_completion, close_cancelled, close_open_branches,
+                          no_output_item)
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut", "Unattended"]
@@ -2202,6 +2203,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if wf.is_completed():
             inst.status = "completed"
             inst.waiting_for = []
+            close_at_completion(inst)
             return
         waiting: list[dict[str, Any]] = []
         for c in inst.confirmations:

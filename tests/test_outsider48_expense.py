@@ -397,3 +397,31 @@ def test_layerflow_tape_pages_with_offset_as_rest_does(call: Client, folder: Pat
 
     assert page("--offset", "5", "--limit", "4") == whole["events"][5:9]
     assert page("--offset", str(whole["total"])) == []
+
+
+def test_a_question_left_open_when_the_instance_completes_is_closed(call: Client) -> None:
+    """An operator's governance model asks a person through the ``human_confirm`` tool while the
+    expense waits for the manager; the manager approves and the expense is paid. The question was
+    still listed as open (``GET /api/confirmations?instance_id=``) and a late answer was taken (200,
+    a ``human_decision`` on the tape of a completed instance). It is closed as the instance completes."""
+    iid = start(call, "hotel")
+    submit(call, iid, 200)
+    receipt(call, iid)
+    asked = ok(call("POST", f"{GOV}/tools/{{name}}", "human_confirm",
+                    body={"instance_id": iid, "arguments": {"message": "Is the receipt legible?", "options": [
+                        {"label": "yes", "value": True}, {"label": "no", "value": False}]}}))
+    assert asked["status"] == "pending"
+    question = asked["confirmation_id"]
+    assert [c["id"] for c in ok(call("GET", "/api/confirmations", params={"instance_id": iid}))] == [question]
+    doc = manager(call, iid, 200)
+    assert doc["status"] == "completed" and doc["conflicts"] == [], doc["error"]
+    [closed] = [c for c in doc["confirmations"] if c["id"] == question]
+    assert closed["answer"] is None and closed["cancelled"] is True
+    assert ok(call("GET", "/api/confirmations", params={"instance_id": iid})) == []
+    version = doc["version"]
+    refused(call("POST", "/api/confirmations/{confirmation_id}", question, body={"value": True, "instance_id": iid}),
+            409, "invalid_state", question, "completed")
+    after = ok(call("GET", "/api/instances/{instance_id}", iid))
+    assert after["version"] == version
+    notes = ok(call("GET", "/api/instances/{instance_id}/tape", iid, params={"kind": "confirmation_closed"}))
+    assert [e["data"]["confirmation_id"] for e in notes["events"]] == [question]
