@@ -79,7 +79,7 @@ from context_layers.stores import StoreUnavailable
 from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
-from gateways.policy import MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
+from gateways.policy import ESCALATE, MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 
 from .gateway_steps import (COUNTER_PREFIX, ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, option_value, short)
@@ -1479,10 +1479,19 @@ def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] |
     # the joins whose branches met: one that has not may still ask (the instance stopped before it)
     joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
     notices = []
+    waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
     for key in keys:
         if key in known:
+            answered = _answered_otherwise(instance, key, answers["confirmations"][key])
+            if answered is not None:  # kept for a round of the join's loop that this run did not reach
+                by = f" by {answered['answered_by']}" if answered.get("answered_by") else ""
+                settle = (SETTLE_FAILED_JOIN if answered.get("answer") == ESCALATE
+                          else "`resume --set` (REST: inject) corrects the value after the join")
+                notices.append(f"answer {key!r} was not used: confirmation {answered['id']!r} of instance "
+                               f"{instance.id} was answered {json.dumps(answered.get('answer'))}{by} already and "
+                               f"this run did not reach its join again (the instance is {instance.status}, waiting "
+                               f"for: {waiting}); an answer is final: {settle}")
             continue
-        waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
         gateway, _, context_key = key.partition("/")
         asked = sorted({str(c["key"]) for c in instance.confirmations
                         if c.get("gateway_id") == gateway and c.get("key") is not None})
@@ -1791,6 +1800,16 @@ def may_ask_again(instance: Instance, entry: Mapping[str, Any]) -> bool:
             seen.add(id(spec))
             todo.extend(spec.outputs)
     return False
+
+
+def _answered_otherwise(instance: Instance, key: str, value: Any) -> dict[str, Any] | None:
+    """The confirmation ``key`` names (its id, or GATEWAY/KEY) when it was answered with another value
+    than ``value`` and no question of that key is open: an answer that nothing used."""
+    named = [c for c in instance.confirmations if key in (c.get("id"), f"{c.get('gateway_id')}/{c.get('key')}")]
+    if not named or any(not c.get("answered") for c in named):
+        return None
+    last = named[-1]
+    return None if last.get("cancelled") or _same_answer(last, value) else last
 
 
 def _same_answer(entry: Mapping[str, Any], value: Any) -> bool:

@@ -188,6 +188,13 @@ def test_an_escalation_fails_the_join_until_runtime_config_settles_it(call: Clie
     # a later answer is no way round the escalation
     refused(call("POST", "/api/confirmations/{confirmation_id}", "review_join/approved_amount",
                  body={"value": 900, "instance_id": iid}), 409, "already_answered")
+    # the join lies on the rejection loop, so a resume's answer for it waits for a later round: this
+    # resume does not use it, and its reply says so (it was silent: 200, `"notices": []`)
+    doc = ok(call("POST", "/api/instances/{instance_id}/resume", iid,
+                  body={"answers": {"confirmations": {"review_join/approved_amount": 900}}}))
+    assert doc["status"] == "error" and doc["conflicts"][0]["resolution"] is None
+    [notice] = doc["notices"]
+    assert "review_join/approved_amount" in notice and "was not used" in notice and "$escalate" in notice, notice
     change = ok(call("POST", f"{GOV}/config", body={"instance_id": iid, "reason": "CFO decision", "config": {
         "activityId": "review_join", "conflictPolicy": {"rules": [
             {"key": "approved_amount", "when": 'category == "flight"', "value": 900, "reason": "flights at the audited fare"}]}}}))
