@@ -937,12 +937,16 @@ class GovernanceService:
     def load(self, instance_id: str) -> Instance:
         return self.engine.load(instance_id)
 
-    def _save(self, instance: Instance) -> None:
-        self.engine.save(instance)
+    def _save(self, instance: Instance, *, refusal: bool = False) -> None:
+        self.engine.save(instance, refusal=refusal)
 
     @staticmethod
     def _check_version(instance: Instance, expected: int | None) -> None:
-        if expected is not None and expected != instance.version:
+        # a version that only refused requests followed (their notes on the tape) is current still:
+        # the client's own refused request must not make its corrected retry stale
+        since = instance.refusals_since
+        if expected is not None and expected != instance.version \
+                and not (since is not None and since <= expected <= instance.version):
             raise VersionConflict(f"instance {instance.id!r} is at version {instance.version}, the request expected "
                                   f"version {expected}; load it again (GET /api/instances/{instance.id}) and repeat "
                                   "the change against what you see")
@@ -970,7 +974,7 @@ class GovernanceService:
             fresh = self.load(instance_id)
             ctx = fresh.contexts.get(getattr(err, "context", None) or MAIN, fresh.main)
             ctx.record("governance_denied", actor=actor, data={"op": op, **err.to_dict()})
-            self._save(fresh)
+            self._save(fresh, refusal=True)
         except VersionConflict:
             pass  # someone saved meanwhile; the refusal itself still stands
 

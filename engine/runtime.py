@@ -193,6 +193,10 @@ class Instance:
     suspended: dict[str, dict[str, Any]] = field(default_factory=dict)
     # {"by", "reason", "time", "status"} once cancelled (``Engine.cancel``); status: what it was before
     cancelled: dict[str, Any] | None = None
+    # the version before the saves since that only recorded refused requests (their notes on the tape,
+    # nothing else changed), None when the last save changed the instance: a client's expected_version
+    # from before those refusals is current still (``is_current``)
+    refusals_since: int | None = None
     # the store this instance lives in, when ``start(store=...)`` chose one other than the engine's
     store: Any = field(default=None, repr=False, compare=False)
     # what the last ``run`` wants its caller to know (an answer it did not give again); not saved
@@ -627,7 +631,7 @@ class Engine:
             rt.give_user_data(task, data, actor=actor)
         except LayerflowError:  # AnswerWriteDenied, or an answer that does not fit the task's form
             if instance.tape_length() != tape:
-                self._save(instance)  # the refusal is on the tape; the task still waits
+                self._save(instance, refusal=True)  # the refusal is on the tape; the task still waits
             raise
         instance.completed_user_task = {"id": str(task.id), "task_id": spiff.bpmn_id_of(task), **rt._instance_of(task)}
         instance.status = "running"
@@ -731,7 +735,7 @@ class Engine:
                            instance_id=instance.id, waiting_for=instance.waiting_for)
         except ContextWriteDenied:
             if instance.tape_length() != tape:
-                self._save(instance)  # the refusal is on the tape; nothing else changed
+                self._save(instance, refusal=True)  # the refusal is on the tape; nothing else changed
             raise
         instance.status = "running"
         self._save(instance)
@@ -986,12 +990,18 @@ class Engine:
 
         return make_chooser(self.model, cfg)
 
-    def save(self, instance: Instance) -> None:
+    def save(self, instance: Instance, *, refusal: bool = False) -> None:
         """Save the instance with the version it was loaded with (``VersionConflict`` when stale).
-        Inside ``all_or_nothing`` the save waits for the end of the request."""
+        Inside ``all_or_nothing`` the save waits for the end of the request. ``refusal``: the save
+        only records a refused request (its note on the tape): a client's version from before it
+        stays current (``Instance.refusals_since``)."""
         if instance.held is not None:
             instance.held.pending = True
             return
+        if not refusal:
+            instance.refusals_since = None
+        elif instance.refusals_since is None:
+            instance.refusals_since = instance.version
         instance.updated = instance.clock()
         store_of = self._store_of(instance)
         try:
@@ -1056,7 +1066,7 @@ class Engine:
         except LayerflowError:
             if instance.tape_length() != tape:
                 try:
-                    self._save(instance)
+                    self._save(instance, refusal=True)
                 except (VersionConflict, StoreUnavailable):
                     self._put_back(instance, record)  # the refusal stands; its note could not be kept
             return
@@ -3661,6 +3671,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
             "activities": instance.activities,
             "suspended": instance.suspended,
             "cancelled": instance.cancelled,
+            **({"refusals_since": instance.refusals_since} if instance.refusals_since is not None else {}),
         }),
         "process": _process_part(instance),
         "workflow": workflow,
@@ -3805,7 +3816,7 @@ def _from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
         version=int(record["version"]), created=float(record.get("created", clock.floor)),
         updated=float(record.get("updated", clock.floor)), error_task=eng.get("error_task"),
         activities=int(eng.get("activities", 0)), suspended=dict(eng.get("suspended", {})),
-        cancelled=eng.get("cancelled"), clock=clock,
+        cancelled=eng.get("cancelled"), refusals_since=eng.get("refusals_since"), clock=clock,
     )
     _Runtime(engine, instance)
     return instance

@@ -432,3 +432,26 @@ def test_a_question_left_open_when_the_instance_completes_is_closed(call: Client
     assert after["version"] == version
     notes = ok(call("GET", "/api/instances/{instance_id}/tape", iid, params={"kind": "confirmation_closed"}))
     assert [e["data"]["confirmation_id"] for e in notes["events"]] == [question]
+
+
+def test_a_refused_request_does_not_make_the_clients_version_stale(call: Client) -> None:
+    """The employee's form sends a key the layer rules refuse (403, nothing applied); the client fixes
+    it and sends again with the version it read. That retry got 409 ``version_conflict``: the refusal's
+    note on the tape had been saved as a new version. A version that only refusals followed is current
+    still; a change in between makes it stale as before."""
+    iid = start(call, "hotel")
+    read = ok(call("GET", "/api/instances/{instance_id}", iid))["version"]
+    path = "/api/instances/{instance_id}/user-tasks/{task_id}"
+    refused(call("POST", path, iid, "submit_expense", body={"data": {"category": "meals"}, "expected_version": read}),
+            403, "permission_denied", "category")
+    refused(call("POST", f"{GOV}/inject", body={"instance_id": iid, "layer": "L0", "key": "policy", "value": "x",
+                                                "reason": "r", "expected_version": read}), 403, "permission_denied")
+    assert ok(call("GET", "/api/instances/{instance_id}", iid))["version"] > read  # the refusals are on the tape
+    doc = ok(call("POST", path, iid, "submit_expense", body={"data": {"amount_claimed": 120}, "expected_version": read}))
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["receive_receipt"]
+    # a change since that version: stale, as before
+    refused(call("POST", "/api/instances/{instance_id}/events", iid, body={
+        "name": "receipt_received", "payload": {"receipt_id": "R-7"}, "expected_version": read}), 409, "version_conflict")
+    refused(call("POST", "/api/instances/{instance_id}/events", iid, body={
+        "name": "receipt_received", "payload": {"receipt_id": "R-7"}, "expected_version": read + 1}), 409,
+        "version_conflict")
