@@ -347,6 +347,9 @@ def test_the_instance_list_filters_by_process(call: Client) -> None:
     assert iid in [row["instance_id"] for row in rows]
     assert {row["process_id"] for row in rows} == {PROCESS}
     assert ok(call("GET", "/api/instances", params={"process_id": "loan_approval"})) == []
+    summaries = ok(call("GET", "/api/instance-summaries", params={"process_id": PROCESS, "limit": 500}))
+    assert iid in [row["id"] for row in summaries]
+    assert ok(call("GET", "/api/instance-summaries", params={"process_id": "loan_approval"})) == []
 
 
 def test_paging_through_the_whole_tape_loses_no_event(call: Client) -> None:
