@@ -33,6 +33,7 @@ import pytest
 
 from test_contracts_rest import openapi_document, serving
 from test_rest_openapi_32 import Client
+from tests.engine.engine_helpers import redis_scratch
 
 HERE = Path(__file__).resolve().parent / "outsider_expense48"
 PROCESS = "expense_reimbursement"
@@ -56,30 +57,11 @@ def call(server: str) -> Client:
     return Client(server, openapi_document(server))
 
 
-def _redis_or_skip() -> Any:
-    redis = pytest.importorskip("redis")
-    client = redis.Redis.from_url(REDIS)
-    try:
-        client.ping()
-    except redis.exceptions.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS}")
-    return client
-
-
 @pytest.fixture(scope="module")
 def redis_call(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    client = _redis_or_skip()
-
-    def clear() -> None:
-        for key in client.scan_iter(match=f"{PREFIX}:*"):
-            client.delete(key)
-
-    clear()
-    try:
-        for url in serving(tmp_path_factory.mktemp("o48r"), HERE, store=f"{REDIS}?prefix={PREFIX}"):
+    with redis_scratch(REDIS, PREFIX) as prefix:  # o48-<random>: its keys deleted afterwards
+        for url in serving(tmp_path_factory.mktemp("o48r"), HERE, store=f"{REDIS}?prefix={prefix}"):
             yield Client(url, openapi_document(url))
-    finally:
-        clear()
 
 
 def ok(r: Any, status: int = 200) -> dict[str, Any]:
