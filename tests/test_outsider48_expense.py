@@ -19,6 +19,16 @@ What the team found:
   (each context numbers its own tape, so ``since`` past the main tape's page skips a branch's early
   events), and a page did not say whether more followed. The tape takes ``offset`` now, and answers
   ``total`` and ``next_offset`` (null on the last page).
+* A question an operator's governance model asked through ``tools/human_confirm`` while the expense
+  waited stayed open after the instance completed: ``GET /api/confirmations?instance_id=`` listed it
+  and a late answer was taken (200, a decision on the tape of a completed instance). It is closed as
+  the instance completes (``confirmation_closed``), and a late answer gets 409.
+* After the escalation, a resume's answer to the escalated question (the join lies on the rejection
+  loop, so the answer waits for a later round) was dropped without a word (200, ``"notices": []``;
+  the CLI said so on stderr). The reply names it as not used and says how to settle the join.
+* A client whose request was refused (403: nothing applied) got 409 ``version_conflict`` for its
+  corrected retry with the version it had read: the refusal's note had been saved as a new version.
+  A version that only refusals followed is current still.
 """
 
 from __future__ import annotations
