@@ -1068,16 +1068,23 @@ def _query_names(route: APIRoute) -> list[str]:
 def _known_query(request: Request) -> None:
     """Refuse a query parameter the route does not take (``?stauts=waiting``, ``?process=``): dropped,
     it would answer as if no filter were asked for, as a body field the route has no place for is
-    refused (``_problem``)."""
+    refused (``_problem``). So is one given twice with different values (``?status=waiting&status=error``):
+    each takes one value, and the last one would be taken without a word."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute) or not request.url.path.startswith("/api/"):
         return
     taken = _query_names(route)
-    unknown = [name for name in dict.fromkeys(request.query_params) if name not in taken]
-    if unknown:
-        raise RequestValidationError([{"loc": ("query", name), "type": "extra_forbidden", "input": None,
-                                       "msg": "Extra inputs are not permitted", "ctx": {"taken": taken}}
-                                      for name in unknown])
+    names = list(dict.fromkeys(request.query_params))
+    problems = [{"loc": ("query", name), "type": "extra_forbidden", "input": None,
+                 "msg": "Extra inputs are not permitted", "ctx": {"taken": taken}} for name in names if name not in taken]
+    for name in names:
+        values = list(dict.fromkeys(request.query_params.getlist(name)))
+        if name in taken and len(values) > 1:
+            problems.append({"loc": ("query", name), "type": "value_error", "input": values,
+                             "msg": f"given {len(values)} times ({', '.join(map(repr, values))}); it takes one value: "
+                                    "send one request per value"})
+    if problems:
+        raise RequestValidationError(problems)
 
 
 def _kind_of(response: JSONResponse) -> str:

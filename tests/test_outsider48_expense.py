@@ -331,6 +331,10 @@ def test_an_unknown_query_parameter_is_refused(call: Client) -> None:
             "validation_error", "kinds", "kind")
     refused(call("POST", f"{GOV}/inspect", params={"instance_id": iid, "layer": "L3"}), 422,
             "validation_error", "query.layer")
+    # one filter given twice took the last value without a word
+    refused(call("GET", "/api/instances", params=[("status", "waiting"), ("status", "error")]), 422,
+            "validation_error", "query.status", "'waiting', 'error'")
+    assert ok(call("GET", "/api/instances", params=[("status", "waiting"), ("status", "waiting")]))
 
 
 def test_the_instance_list_filters_by_process(call: Client) -> None:
