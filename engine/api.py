@@ -1075,8 +1075,9 @@ def _known_query(request: Request) -> None:
         return
     taken = _query_names(route)
     names = list(dict.fromkeys(request.query_params))
-    problems: list[dict[str, Any]] = [{"loc": ("query", name), "type": "extra_forbidden", "input": None,
-                 "msg": "Extra inputs are not permitted", "ctx": {"taken": taken}} for name in names if name not in taken]
+    problems: list[dict[str, Any]] = [
+        {"loc": ("query", name), "type": "extra_forbidden", "input": None, "msg": "Extra inputs are not permitted",
+         "ctx": {"taken": taken}} for name in names if name not in taken]
     for name in names:
         values = list(dict.fromkeys(request.query_params.getlist(name)))
         if name in taken and len(values) > 1:
