@@ -1257,16 +1257,18 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 @main.command("list")
 @click.option("--status", type=click.Choice(get_args(Status)), default=None,
               help="only the instances of this status (as GET /api/instances?status=)")
+@click.option("--process", "process_id", default=None, metavar="PROCESS_ID",
+              help="only the instances of this process (as GET /api/instances?process_id=)")
 @_store_option
 @_json_option
-def list_instances(status: str | None, store: str | None, as_json: bool) -> None:
+def list_instances(status: str | None, process_id: str | None, store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
     waiting one whose timer or answer is being run from one that still waits."""
     from .governance import instance_rows
 
     engine = _existing_engine(store, None, as_json)
-    rows = instance_rows(engine.store, status, holders=True) if engine is not None else []
+    rows = instance_rows(engine.store, status, holders=True, process_id=process_id) if engine is not None else []
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return
@@ -1682,10 +1684,13 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
               help="from this sequence number (each context numbers its own tape from 1)")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="at most this many events, the first ones (as REST's tape?limit=)")
+@click.option("--offset", type=click.IntRange(min=0), default=0,
+              help="skip this many of the selected events (pages through several contexts; REST's tape?offset=)")
 @_store_option
 @_json_option
 def tape(instance_id: str, context_name: str | None, kind: str | None, activity: str | None, key: str | None,
-         branch: str | None, since: int | None, limit: int | None, store: str | None, as_json: bool) -> None:
+         branch: str | None, since: int | None, limit: int | None, offset: int, store: str | None,
+         as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json, create=False)
     instance = _acting_on(_load(engine, instance_id, as_json))
@@ -1694,8 +1699,10 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
     else:
         names = list(instance.contexts)
     events = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
-                       limit=limit)
-    if not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
+                       limit=limit, offset=offset)
+    if not events and offset:
+        click.echo(f"layerflow: offset {offset} is past the end of the events the filters select", err=True)
+    elif not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
         miss, _ = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since)
         click.echo(f"layerflow: {miss}", err=True)
     if as_json:
