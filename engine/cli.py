@@ -709,9 +709,9 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             source = _answers_source(answers_file, answer)
             if instance.version == 0:  # refused before it was created: nothing of it is in the store
                 _refused_start(out, process.id, err, source)
-            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
+            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None), store)
         except StoreError as err:
-            _store_failed_mid_run(instance, err, as_json)
+            _store_failed_mid_run(instance, err, as_json, store)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
@@ -730,7 +730,7 @@ def check_start_data(process: Any, data: Mapping[str, Any], data_file: str | Non
               details=start_data_details(err), process_id=process.id)
 
 
-def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:
+def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool, store: str | None = None) -> NoReturn:
     """The store stopped answering (or refused a write) while the instance ran: name the instance,
     which its last committed save keeps, so the user can continue it (the `--json` document
     carries its id and process, not null). A second answer to a confirmation is no store failure
@@ -743,7 +743,8 @@ def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) ->
               "saved); once the store answers, run the command again", EXIT_ERROR, as_json=as_json, kind=err.kind,
               process_id=instance.process_id)
     _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
-          f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
+          f"the store answers, `layerflow resume {instance.id}{_store_hint(store)}` continues it from its last save",
+          EXIT_ERROR,
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
 
 
@@ -853,16 +854,30 @@ def _refused_start(out: _Out, process_id: str, err: LayerflowError, source: str)
 
 
 def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str,
-                    task_id: str | None = None) -> NoReturn:
+                    task_id: str | None = None, store: str | None = None) -> NoReturn:
     """Exit 2: an answer given that is not an offered option. Nothing of it was applied (of a
     resume, nothing of the command: ``Engine.all_or_nothing``); the instance still waits
-    (``layerflow resume ID --answer ...`` with a valid one)."""
-    message = f"{source}: {err}" if source else str(err)
+    (``layerflow resume ID --answer ...`` with a valid one, in the store this command used)."""
+    message = _resume_at(f"{source}: {err}" if source else str(err), instance.id, store)
     if out.as_json:
         out.doc(_refusal_document(instance, _answer_error(err, message, task_id)))
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _resume_at(message: str, instance_id: str, store: str | None) -> str:
+    """The engine's ``layerflow resume ID`` in ``message`` (it knows no store) as this command's user
+    pastes it: with the ``--store`` the command was given; of a ``memory://`` store, gone with the
+    command, not offered at all."""
+    command = f"`layerflow resume {instance_id}"
+    if command not in message:
+        return message
+    if store is not None and store.lower().startswith("memory://"):
+        return (message.split(f"; instance {instance_id} still waits", 1)[0]
+                + f"; store {store} lives only in this command: run it again with a corrected answer, or with "
+                  "--store sqlite:///FILE to resume it later")
+    return message.replace(command, command + _store_hint(store))
 
 
 def _waiting_ids(instance: Instance) -> set[str]:
@@ -1058,7 +1073,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             try:  # a user task's answer that names no user task is a typo, completed or not
                 check_completed_answer_keys(instance, answers, source=_answers_source(answers_file, answer))
             except InvalidAnswer as err:
-                _invalid_answer(out, instance, err, "")
+                _invalid_answer(out, instance, err, "", store=store)
             instance = engine.resume(instance, answers=answers)  # as it is: its notices name each answer
             for notice in instance.notices:
                 out.info(f"layerflow: {notice}")
@@ -1129,9 +1144,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 instance = engine.resume(instance, answers=answers,
                                          ask=_asker(out, yes, bool(answers_file or answer), instance.clock), by=by)
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
+            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None), store)
         except StoreError as err:
-            _store_failed_mid_run(instance, err, as_json)
+            _store_failed_mid_run(instance, err, as_json, store)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
@@ -1273,16 +1288,18 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 @main.command("list")
 @click.option("--status", type=click.Choice(get_args(Status)), default=None,
               help="only the instances of this status (as GET /api/instances?status=)")
+@click.option("--process", "process_id", default=None, metavar="PROCESS_ID",
+              help="only the instances of this process (as GET /api/instances?process_id=)")
 @_store_option
 @_json_option
-def list_instances(status: str | None, store: str | None, as_json: bool) -> None:
+def list_instances(status: str | None, process_id: str | None, store: str | None, as_json: bool) -> None:
     """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
     waiting one whose timer or answer is being run from one that still waits."""
     from .governance import instance_rows
 
     engine = _existing_engine(store, None, as_json)
-    rows = instance_rows(engine.store, status, holders=True) if engine is not None else []
+    rows = instance_rows(engine.store, status, holders=True, process_id=process_id) if engine is not None else []
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return
@@ -1335,11 +1352,17 @@ def _service(store: str | None, as_json: bool) -> Any:
 
 
 def _branch_context(service: Any, instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
-    """A context by name or by branch id (as the REST API takes it)."""
+    """A context by name or by branch id (as the REST API takes it). A branch id that ran in several
+    contexts (a loop back through its split) gives the open one, else the latest: stderr says which,
+    and names the others, so an audit of an earlier round does not read the latest one's unawares."""
     try:
         ctx: LayeredContext = service.context_of(instance, name)
     except LayerflowError as err:
         _governance_fail(err, as_json, instance=instance)
+    ran = service.branch_contexts(instance, name) if name is not None and name not in instance.contexts else []
+    if len(ran) > 1:
+        click.echo(f"layerflow: branch {name!r} ran in {len(ran)} contexts: {', '.join(ran)}; this is {ctx.name}"
+                   f"{', the latest' if ctx.name == ran[-1] else ''}; name another with --context in full", err=True)
     return ctx
 
 
@@ -1692,10 +1715,13 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
               help="from this sequence number (each context numbers its own tape from 1)")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="at most this many events, the first ones (as REST's tape?limit=)")
+@click.option("--offset", type=click.IntRange(min=0), default=0,
+              help="skip this many of the selected events (pages through several contexts; REST's tape?offset=)")
 @_store_option
 @_json_option
 def tape(instance_id: str, context_name: str | None, kind: str | None, activity: str | None, key: str | None,
-         branch: str | None, since: int | None, limit: int | None, store: str | None, as_json: bool) -> None:
+         branch: str | None, since: int | None, limit: int | None, offset: int, store: str | None,
+         as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json, create=False)
     instance = _acting_on(_load(engine, instance_id, as_json))
@@ -1704,8 +1730,10 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
     else:
         names = list(instance.contexts)
     events = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
-                       limit=limit)
-    if not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
+                       limit=limit, offset=offset)
+    if not events and offset:
+        click.echo(f"layerflow: offset {offset} is past the end of the events the filters select", err=True)
+    elif not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
         miss, _ = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since)
         click.echo(f"layerflow: {miss}", err=True)
     if as_json:

@@ -56,6 +56,19 @@ def test_bench_engine_prints_every_row_against_both_baselines(bench_tmp):
 
 
 @pytest.mark.slow
+def test_bench_ab_prints_each_round_of_both_checkouts_and_the_ratio(bench_tmp):
+    """This checkout against itself, one round: a row per process, A first, then the medians and B / A."""
+    out = _bench(bench_tmp, "bench/bench_ab.py", str(ROOT), "--rounds", "1", "--runs", "2")
+    number = r"\s+([0-9.]+)"
+    rows = re.findall(rf"^\s+1\s+(A|B){number * 4}\s+([0-9.]+) ([0-9.]+) ([0-9.]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["A", "B"], out
+    for _, plain, activity, stop, stop_nc, *ratios in rows:
+        for ms, ratio in zip((activity, stop, stop_nc), ratios):
+            assert float(ratio) == pytest.approx(float(ms) / float(plain), rel=0.02, abs=0.01)
+    assert "(cpu time)" in out and re.search(rf"^\s+B/A{number * 4}\s+\(of the medians over rounds\)$", out, re.M), out
+
+
+@pytest.mark.slow
 def test_bench_gateways_quick(bench_tmp):
     out = _bench(bench_tmp, "bench/bench_gateways.py", "--quick")
     assert re.search(r"join at 100,000 keys / at 1,000 keys: [0-9.]+x \(target <= 5x: (met|NOT met)\)", out), out
