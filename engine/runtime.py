@@ -513,7 +513,7 @@ class Engine:
                 raise
             self._save(instance)  # as the run left it: waiting for a valid answer
             if getattr(err, "instance_id", None) is None:
-                err.instance_id = instance.id  # type: ignore[attr-defined]
+                err.instance_id = instance.id
             raise
         finally:
             instance.held = None
