@@ -159,7 +159,7 @@ def test_a_second_answer_to_a_confirmation_is_409_already_answered(tmp_path, how
         assert second.status_code == 409, second.text
         error = second.json()["error"]
         assert error["kind"] == "already_answered", error
-        assert "'approved'" in error["message"] and "ann" in error["message"], error
+        assert '"approved"' in error["message"] and "ann" in error["message"], error
         doc = client.get(f"/api/instances/{iid}", headers=AUTH).json()
         assert doc["layers"]["L3"]["approval_status"] == "approved"
 
