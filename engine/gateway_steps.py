@@ -49,8 +49,13 @@ MAIN = spiff.MAIN_CONTEXT
 
 
 def short(value: Any, limit: int = 80) -> str:
-    """``value`` for a message, as JSON (``true``, ``"approved"``: what a person writes in an answer), cut
-    at ``limit`` characters; Python's spelling only for what JSON cannot write (NaN, an object)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def short_json(value: Any, limit: int = 80) -> str:
+    """An answer for a message as a person writes it, JSON (``true``, ``"approved"``), cut at ``limit``
+    characters; Python's spelling only for what JSON cannot write (NaN, an object)."""
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError):
@@ -834,7 +839,7 @@ class GatewaySteps:
                 raise OptionNotOffered(why, instance_id=inst.id, task_id=entry.get("task_id"))
         if not ok:
             offered = ", ".join(json.dumps(o.get("value"), ensure_ascii=False) for o in options)
-            raise OptionNotOffered(f"answer {short(value)} for confirmation {confirmation_id!r} is not one of the "
+            raise OptionNotOffered(f"answer {value!r} for confirmation {confirmation_id!r} is not one of the "
                                    f"offered option values: {offered}", instance_id=inst.id,
                                    task_id=entry.get("task_id"))
         return entry

@@ -85,7 +85,7 @@ from context_layers.tape import Event, EventKind, kind_names, matches_kind
 from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 
 from . import events, forms, spiff
-from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
+from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short_json
 from .leases import held_by, holding
 from .process import Process, load_process
 from .runtime import (Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
@@ -325,8 +325,8 @@ class AnsweredAlready(_SecondAnswer):
         super().__init__(
             instance, entry, given,
             f"confirmation {entry['id']!r} of instance {instance.id}{join} was already answered "
-            f"{short(entry.get('answer'))} by {shown}" + (f" at {_moment(at)}" if at is not None else "") +
-            f"; the answer {short(given)} was not applied",
+            f"{short_json(entry.get('answer'))} by {shown}" + (f" at {_moment(at)}" if at is not None else "") +
+            f"; the answer {short_json(given)} was not applied",
             answered_by=who, answered_at=at, event=event)
 
 
@@ -346,8 +346,8 @@ class AnsweredByTimeout(_SecondAnswer):
             instance, entry, given,
             f"confirmation {entry['id']!r} of instance {instance.id} (join "
             f"{entry.get('gateway_id') or entry.get('task_id')!r}, key {entry.get('key')!r}) was settled by its "
-            f"timeout at {self.timed_out_at_iso} with the default {short(entry.get('answer'))} (no answer came within "
-            f"its {entry.get('timeout')} s); the answer {short(given)} came after that and was not applied",
+            f"timeout at {self.timed_out_at_iso} with the default {short_json(entry.get('answer'))} (no answer came within "
+            f"its {entry.get('timeout')} s); the answer {short_json(given)} came after that and was not applied",
             answered_by="timeout", answered_at=at, event=_decided(instance, entry))
 
     def to_dict(self) -> dict[str, Any]:

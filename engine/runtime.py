@@ -82,7 +82,7 @@ from gateways.join import MERGED_CONFLICTS_KEY
 from gateways.policy import ESCALATE, MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 
 from .gateway_steps import (COUNTER_PREFIX, ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
-                            condition_context, is_engine_key, option_value, short)
+                            condition_context, is_engine_key, option_value, short, short_json)
 from .gateway_steps import _deadline as confirmation_deadline
 from .answer import answer_problems
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
@@ -1187,7 +1187,7 @@ class Engine:
                     # the answer was taken by an earlier round of this step (a loop back through the
                     # join); this round offers other options, so it waits for its own answer
                     instance.notices.append(
-                        f"confirmation {item['id']!r}: the given answer {short(value)} answered an earlier round of "
+                        f"confirmation {item['id']!r}: the given answer {short_json(value)} answered an earlier round of "
                         "it and is not one of the options offered now; left waiting for another answer")
                     continue
             if item["kind"] == "user_task":

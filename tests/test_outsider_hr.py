@@ -222,7 +222,7 @@ def at_the_join(store: str) -> str:
 @pytest.mark.parametrize("answer, named", [
     ("provision_joinn/start_date=2026-02-09", "'provision_joinn/start_date' can match no confirmation"),
     ("provision_join/start_dat=2026-02-09", "'provision_join/start_dat' can match no confirmation"),
-    ("provision_join/start_date=2026-03-01", '"2026-03-01" for confirmation \'provision_join/start_date\' is not '
+    ("provision_join/start_date=2026-03-01", "'2026-03-01' for confirmation 'provision_join/start_date' is not "
                                              "one of the offered option values"),
 ])
 def test_a_wrong_answer_is_bad_input_naming_it(at_the_join: str, store: str, answer: str, named: str) -> None:

@@ -230,9 +230,9 @@ def test_the_own_process_answers_every_error_status_it_declares(call: Client) ->
                                                "value": "x"}), 403, "'_branch_id'", "resolve")
     # 400: an answer that is no option, a compression of a layer that is not compressed
     _error(call("POST", "/api/confirmations/{confirmation_id}", QUESTION,
-                body={"instance_id": iid, "value": "maybe"}), 400, '"maybe"', '"ship"')
+                body={"instance_id": iid, "value": "maybe"}), 400, "'maybe'", '"ship"')
     _error(call("POST", f"{GOV}/resolve", body={"instance_id": iid, "conflict_key": "verdict",
-                                                "resolution": "maybe", "reason": "r"}), 400, '"maybe"', '"hold"')
+                                                "resolution": "maybe", "reason": "r"}), 400, "'maybe'", '"hold"')
     _error(call("POST", f"{GOV}/compress", body={"instance_id": iid, "action": "compress", "context": "legal",
                                                  "target_layers": ["L0"]}), 400, "L0", "target_layers")
     _error(call("POST", "/api/instances/{instance_id}/resume", iid,

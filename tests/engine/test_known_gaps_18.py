@@ -95,7 +95,7 @@ def test_a_value_not_offered_names_the_key_the_value_and_the_options(cli: Any, t
     doc = run_json(cli, *args, *flag, code=2)
     message = doc["error"]["message"]
     assert doc["error"]["kind"] == "invalid_answer" and doc["status"] == "error"
-    for word in ("'merge/verdict'", '"maybe"', '"approve"', '"reject"'):
+    for word in ("'merge/verdict'", "'maybe'", '"approve"', '"reject"'):
         assert word in message, message
     assert all(c["answer"] is None for c in doc["confirmations"])
 

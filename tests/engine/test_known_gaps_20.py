@@ -205,7 +205,7 @@ ANSWER_ROUTES = {
                                   {"answers": {"confirmations": {"merge/score": value}}}),
 }
 # (answer, what the refusal names): a typo, an unfit option by its value and by its label
-REFUSED_ANSWERS = [("nonsense", ['"nonsense"', "3, 7, 5, 5.5"]),
+REFUSED_ANSWERS = [("nonsense", ["'nonsense'", "3, 7, 5, 5.5"]),
                    ("needs_review", ["'merge'", "'score'", 'option "needs_review"', "a string", "number"]),
                    ("hold", ["'merge'", "'score'", 'option "on_hold"', "a string", "number"])]
 

@@ -317,7 +317,7 @@ def test_a_second_answer_to_one_line_is_refused_as_answered_while_other_lines_st
     with pytest.raises(AnsweredAlready) as refused:
         engine.answer_confirmation(instance, LINE_STATUS, "ok")
     assert refused.value.kind == "already_answered" and refused.value.answered_by == "maria"
-    assert refused.value.context == first["context"] and "'hold'" in str(refused.value)
+    assert refused.value.context == first["context"] and '"hold"' in str(refused.value)
     assert engine.load(instance.id).version == version
     assert sorted(w["id"] for w in instance.waiting_for) == [f"{LINE_STATUS}#2", f"{LINE_STATUS}#3"]
 

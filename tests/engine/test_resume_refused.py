@@ -85,7 +85,7 @@ def test_a_refused_confirmation_answer_keeps_the_user_task_answer_out_of_the_sto
     assert [w["task_id"] for w in instance.waiting_for] == ["ask"]
     version, before = _stored(engine, instance.id)
     loaded = engine.load(instance.id)
-    with pytest.raises(InvalidAnswer, match=r'"maybe" for confirmation .join/decision.'):
+    with pytest.raises(InvalidAnswer, match=r"'maybe' for confirmation 'join/decision'"):
         engine.resume(loaded, answers=BAD_CONFIRMATION)
     assert _stored(engine, instance.id) == (version, before)  # not one write: same version, same tapes
     # the caller's instance is as it was too, and takes the corrected answers in one resume
@@ -105,7 +105,7 @@ def test_a_refused_answer_of_an_instance_in_error_keeps_its_error(tmp_path: Path
     assert instance.status == "error", instance.waiting_for
     engine.inject(instance, {"fixed": True})  # the fix: a request of its own, saved
     version, before = _stored(engine, instance.id)
-    with pytest.raises(InvalidAnswer, match='"maybe"'):
+    with pytest.raises(InvalidAnswer, match="'maybe'"):
         engine.resume(engine.load(instance.id), answers={"confirmations": {"join/decision": "maybe"}})
     assert _stored(engine, instance.id) == (version, before)
     assert engine.load(instance.id).status == "error"

@@ -116,7 +116,7 @@ def test_answers_given_in_advance_settle_the_rating_and_issue_the_order(cli: Any
 
 
 @pytest.mark.parametrize("answers, named", [
-    ({"confirmations": {"review_join/risk_rating": "low"}}, '"low"'),           # not an offered option
+    ({"confirmations": {"review_join/risk_rating": "low"}}, "'low'"),           # not an offered option
     ({"confirmations": {"review_joins/risk_rating": "high"}}, "review_joins"),   # a typo of the join's id
     ({"user_tasks": {"cfo_signoff": {"ok": True}}}, "cfo_signoff")])            # no such element
 def test_answers_that_can_fit_nothing_are_bad_input(cli: Any, tmp_path: Path, answers: dict[str, Any],
