@@ -495,12 +495,11 @@ class Engine:
         it makes no duplicate; any other refused answer (an option a confirmation does not offer, one
         the layer rules refuse, no JSON value) leaves the instance created, waiting for a valid answer,
         and the error names it. Without answers it is created at once, as ``start`` does."""
-        given = any((answers or {}).get(section) for section in ANSWER_SECTIONS)
-        instance = self._create(process, *_prepared_start(process, data, clock=self.clock), instance_id=instance_id,
-                                create=not given)
-        if not given:
-            yield instance
+        if not any((answers or {}).get(section) for section in ANSWER_SECTIONS):
+            yield self.start(process, data, instance_id=instance_id)
             return
+        instance = self._create(process, *_prepared_start(process, data, clock=self.clock), instance_id=instance_id,
+                                create=False)
         from .governance import FormAnswerInvalid, InvalidAnswer
 
         instance.held = _Held()
@@ -989,7 +988,8 @@ class Engine:
         return sorted(due, key=lambda item: _utc(item["due"]))
 
     def run_process(self, process: Process, data: Mapping[str, Any] | None = None, **kw: Any) -> Instance:
-        return self.run(process, data, **kw)  # a refused answer creates nothing, as in run
+        with self.starting(process, data, answers=kw.get("answers")) as started:  # as run(process, data, ...)
+            return self.run(started, **kw)
 
     # ----- internals -----------------------------------------------------------------
 
