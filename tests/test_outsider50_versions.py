@@ -1,0 +1,139 @@
+"""The owner of a purchase-order approval changes it while instances are in flight.
+
+tests/outsider_versions50/po50.bpmn (v1): intake -> route by ``path``: the user task
+manager_approval -> record_manager (a handler of po50_handlers.py); two reviews whose join asks a
+person on a conflict; a one-hour timer (hold -> release_hold); the message supplier_confirmed
+(wait_supplier); or auto_ok -> merge -> finalize (``summary = "v1 ..."``). Instances are left
+waiting at each place, then v2 is deployed the ways a user would (the BPMN edited in place, the
+file gone or broken, only the config file edited, a handler file gone) and they are resumed.
+
+The rule checked (README, "Configuring activities" and "Versions of a process"): an instance
+continues on the definition it started with (its BPMN and config travel in its record), as in
+Camunda/Zeebe, and is told so when the files changed; new instances take the files as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import local_http
+from engine.cli import main
+
+HERE = Path(__file__).resolve().parent / "outsider_versions50"
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "outsider50-token"
+PATHS = ("manual", "review", "hold", "supplier")
+
+
+def order(path: str) -> dict[str, Any]:
+    return {"po_id": f"PO-{path}", "quantity": 10, "unit_price": 150, "path": path}
+
+
+def cli(store: str | None, *args: str, code: int | None = 0) -> Any:
+    out = CliRunner().invoke(main, [*args, *(["--store", store] if store else []), "--json"])
+    if code is not None:
+        assert out.exit_code == code, (args, out.stdout, out.stderr)
+    return json.loads(out.stdout)
+
+
+def cli_process(store: str, *args: str) -> tuple[int, Any, str]:
+    """The CLI as its own process: what a new shell (or another machine) has loaded, nothing more."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "engine.cli", *args, "--store", store, "--json"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    return done.returncode, json.loads(done.stdout), done.stderr
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new))
+
+
+@pytest.fixture
+def v1(tmp_path: Path) -> Path:
+    """A catalog folder holding v1: the BPMN, its config file and its handlers."""
+    folder = tmp_path / "catalog"
+    shutil.copytree(HERE, folder)
+    return folder
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'runs.db'}"
+
+
+def start_all(folder: Path, store: str) -> dict[str, str]:
+    """One instance waiting at each place: path -> instance id."""
+    ids = {}
+    for path in PATHS:
+        doc = cli(store, "run", str(folder / "po50.bpmn"), "--data", json.dumps(order(path)), code=3)
+        ids[path] = doc["instance_id"]
+    return ids
+
+
+def finish(store: str, ids: dict[str, str]) -> dict[str, Any]:
+    """Answer, fire or send what each instance waits for: path -> its final document."""
+    return {
+        "manual": cli(store, "resume", ids["manual"], "--answer", 'manager_approval={"approved": true}'),
+        "review": cli(store, "resume", ids["review"], "--answer", "reviews_join/po_status=needs_cfo"),
+        "hold": cli(store, "resume", ids["hold"], "--now", "2099-01-01T00:00:00Z"),
+        "supplier": cli(store, "send", ids["supplier"], "supplier_confirmed", "--json-payload", '{"ok": true}'),
+    }
+
+
+V2_EDITS = [  # (old, new) of po50.bpmn: v2 as its owner writes it
+    ('summary = "v1 "', 'summary = "v2 "'),  # a script's text
+    ('path == "review"', 'path == "review" and total &gt; 100000'),  # a gateway condition
+    ('<bpmn:sequenceFlow id="m1" sourceRef="manager_approval" targetRef="record_manager"/>',  # a step added
+     '<bpmn:sequenceFlow id="m1" sourceRef="manager_approval" targetRef="notify_buyer"/>\n'
+     '    <bpmn:sequenceFlow id="m0" sourceRef="notify_buyer" targetRef="record_manager"/>\n'
+     '    <bpmn:scriptTask id="notify_buyer"><bpmn:script>notified = True</bpmn:script></bpmn:scriptTask>'),
+    ('<bpmn:sequenceFlow id="h1" sourceRef="hold" targetRef="release_hold"/>',  # a step removed
+     '<bpmn:sequenceFlow id="h1" sourceRef="hold" targetRef="merge"/>'),
+    ('<bpmn:sequenceFlow id="h2" sourceRef="release_hold" targetRef="merge"/>', ''),
+    ('wait_supplier', 'await_supplier'),  # the waiting element renamed
+]
+
+
+def deploy_v2(folder: Path) -> None:
+    bpmn = folder / "po50.bpmn"
+    for old, new in V2_EDITS:
+        edit(bpmn, old, new)
+    edit(bpmn, '<bpmn:scriptTask id="release_hold" name="Release hold">\n      <bpmn:script>po_status = "released"'
+               '</bpmn:script>\n    </bpmn:scriptTask>', '')
+
+
+@pytest.mark.parametrize("change", ["edited", "gone", "broken"])
+def test_waiting_instances_finish_on_the_definition_they_started_with(v1: Path, store: str, change: str) -> None:
+    ids = start_all(v1, store)
+    bpmn = v1 / "po50.bpmn"
+    if change == "edited":
+        deploy_v2(v1)
+        cli(None, "validate", str(bpmn))
+    elif change == "gone":
+        bpmn.unlink()
+    else:
+        bpmn.write_text(bpmn.read_text()[:500])
+    done = finish(store, ids)
+    for path, doc in done.items():
+        assert doc["status"] == "completed", (path, doc)
+        assert doc["layers"]["L3"]["summary"].startswith("v1 PO-"), (path, doc["layers"]["L3"])
+        assert "notified" not in doc["layers"]["L3"]
+    assert done["hold"]["layers"]["L3"]["po_status"] == "released"  # v1's step, which v2 removed
+    assert done["manual"]["layers"]["L3"]["recorded_by"] == "po50_handlers"
+    assert done["review"]["layers"]["L3"]["po_status"] == "needs_cfo"
+    if change == "edited":  # a new start takes v2
+        new = cli(store, "run", str(bpmn), "--data", json.dumps(order("supplier")), code=3)
+        assert [w["task_id"] for w in new["waiting_for"]] == ["await_supplier"]
+        review = cli(store, "run", str(bpmn), "--data", json.dumps(order("review")))
+        assert review["layers"]["L3"]["summary"] == "v2 PO-review auto"
