@@ -137,3 +137,21 @@ def test_waiting_instances_finish_on_the_definition_they_started_with(v1: Path, 
         assert [w["task_id"] for w in new["waiting_for"]] == ["await_supplier"]
         review = cli(store, "run", str(bpmn), "--data", json.dumps(order("review")))
         assert review["layers"]["L3"]["summary"] == "v2 PO-review auto"
+
+
+def test_a_handler_file_gone_keeps_the_managers_answer_and_names_the_step_that_needs_it(v1: Path, store: str) -> None:
+    """The handler file a later step needs is gone (moved aside on deploy): the manager's answer is
+    taken, the step that needs the file fails naming it, and a resume once it is back goes on
+    without asking the manager again."""
+    iid = cli(store, "run", str(v1 / "po50.bpmn"), "--data", json.dumps(order("manual")), code=3)["instance_id"]
+    handlers = v1 / "po50_handlers.py"
+    handlers.rename(v1 / "po50_handlers.py.bak")
+    code, failed, _ = cli_process(store, "resume", iid, "--answer", 'manager_approval={"approved": true}')
+    assert code == 1 and failed["status"] == "error", failed
+    assert failed["error"]["task_id"] == "record_manager", failed["error"]
+    assert "po50_handlers.py" in failed["error"]["message"] and "resume" in failed["error"]["message"]
+    assert failed["layers"]["L3"]["approved"] is True  # the answer is kept
+    (v1 / "po50_handlers.py.bak").rename(handlers)
+    code, done, _ = cli_process(store, "resume", iid)
+    assert code == 0 and done["status"] == "completed", done
+    assert done["layers"]["L3"]["po_status"] == "approved"
