@@ -84,7 +84,7 @@ from context_layers.tape import Event, EventKind, kind_names, matches_kind
 
 from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 
-from . import events, forms, spiff
+from . import configfile, events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import held_by, holding
 from .process import Process, load_process
@@ -728,7 +728,7 @@ class Catalog:
     def __init__(self, directory: str | Path | None) -> None:
         self.directory = Path(directory).resolve() if directory is not None else None
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[tuple[float, ...], Process]] = {}
+        self._cache: dict[str, tuple[tuple[Any, ...], Process]] = {}
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """process id -> {"id", "name", "file"} (the first file wins when two define one id)."""
@@ -788,15 +788,31 @@ class Catalog:
             where = self.directory or "(no catalog directory)"
             raise ContextKeyError(f"process {process_id!r} is not in the catalog {where}; registered: {known}")
         paths = self._files_of(entry["file"])
-        mtime = tuple(p.stat().st_mtime for p in paths)
+        stamp = self._stamp(paths)
         with self._lock:
             hit = self._cache.get(process_id)
-            if hit is not None and hit[0] == mtime:
+            if hit is not None and hit[0] == stamp:
                 return hit[1]
         process = load_process(paths, process_id)
         with self._lock:
-            self._cache[process_id] = (mtime, process)
+            self._cache[process_id] = (stamp, process)
         return process
+
+    def _stamp(self, paths: list[Path]) -> tuple[Any, ...]:
+        """What a new start's process is loaded from, as it stands: the BPMN files, the config file
+        beside each and the folder's DMN files (a config-only edit is a new version for new starts,
+        as a BPMN edit is; the mtime alone may not move within one tick, the size with it may)."""
+        assert self.directory is not None
+        files = [*paths, *(c for p in paths for c in configfile.configs_beside(p)), *sorted(self.directory.glob("*.dmn"))]
+        out = []
+        for f in files:
+            try:
+                st = f.stat()
+            except OSError:
+                out.append((str(f), None))
+                continue
+            out.append((str(f), st.st_mtime_ns, st.st_size))
+        return tuple(out)
 
 
 # ============================================================================ the service

@@ -337,19 +337,24 @@ def _dump(config: ActivityExtensionConfig | None) -> dict[str, Any]:
 
 def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "", *,
                     flat: bool = False) -> list[str]:
-    """``FIELD OLD -> NEW`` for each field that differs, one level into a nested object
-    (``humanConfirm.timeout``) unless ``flat`` (a SYSTEM value is one value); ``(unset)`` for a
-    field one side does not set."""
+    """``FIELD OLD -> NEW`` for each field that differs, down into nested objects and into lists of
+    one length (``humanConfirm.timeout``, ``conflictPolicy.rules[0].confirm``: values cut short to
+    fit a line would hide what changed) unless ``flat`` (a SYSTEM value is one value); ``(unset)``
+    for a field one side does not set."""
     out = []
     for name in sorted(set(old) | set(new), key=str):
         a, b = old.get(name, _UNSET), new.get(name, _UNSET)
-        if a == b:
-            continue
-        if not flat and not prefix and isinstance(a, Mapping) and isinstance(b, Mapping):
-            out.extend(_changed_fields(a, b, f"{name}."))
-            continue
-        out.append(f"{prefix}{name} {_shown(a)} -> {_shown(b)}")
+        if a != b:
+            out.extend(_changed_value(f"{prefix}{name}", a, b) if not flat else [f"{prefix}{name} {_shown(a)} -> {_shown(b)}"])
     return out
+
+
+def _changed_value(where: str, a: Any, b: Any) -> list[str]:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return _changed_fields(a, b, f"{where}.")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [line for i, (x, y) in enumerate(zip(a, b)) if x != y for line in _changed_value(f"{where}[{i}]", x, y)]
+    return [f"{where} {_shown(a)} -> {_shown(b)}"]
 
 
 _UNSET = object()

@@ -155,3 +155,34 @@ def test_a_handler_file_gone_keeps_the_managers_answer_and_names_the_step_that_n
     code, done, _ = cli_process(store, "resume", iid)
     assert code == 0 and done["status"] == "completed", done
     assert done["layers"]["L3"]["po_status"] == "approved"
+
+
+def test_rest_new_starts_take_an_edited_config_file_and_waiting_ones_are_told(v1: Path, tmp_path: Path) -> None:
+    """Only po50.layerflow.yaml is edited while `layerflow serve` runs: the join no longer asks a
+    person and SYSTEM's approval_limit rises. New starts take the new file at once (no restart);
+    the instance waiting at the join keeps its terms and its resume says what changed."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with local_http.serving(v1, tmp_path / "served.db", TOKEN) as base:
+        def start(path: str) -> dict[str, Any]:
+            r = local_http.post(f"{base}/api/instances", headers=headers,
+                                json={"process_id": "po_approval50", "data": order(path)})
+            assert r.status_code == 201, r.text
+            return dict(r.json())
+
+        waiting = start("review")
+        assert [w["id"] for w in waiting["waiting_for"]] == ["reviews_join/po_status"]
+        config = v1 / "po50.layerflow.yaml"
+        edit(config, "confirm: true", "confirm: false")
+        edit(config, "approval_limit: 5000", "approval_limit: 9000")
+        new = start("review")
+        assert new["status"] == "completed", new["waiting_for"]
+        assert new["layers"]["L0"]["approval_limit"] == 9000
+        assert new["layers"]["L3"]["po_status"] == "needs_cfo"
+        r = local_http.post(f"{base}/api/instances/{waiting['instance_id']}/resume", headers=headers,
+                            json={"answers": {"confirmations": {"reviews_join/po_status": "needs_cfo"}}})
+        assert r.status_code == 200, r.text
+        done = r.json()
+        assert done["status"] == "completed" and done["layers"]["L0"]["approval_limit"] == 5000
+        notices = " ".join(done["notices"])
+        assert "conflictPolicy.rules[0].confirm True -> False" in notices, notices
+        assert "approval_limit 5000 -> 9000" in notices
