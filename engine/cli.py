@@ -1503,13 +1503,30 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
         out.doc(doc)
         return
 
-    header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
+    header = (f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}\n"
+              f"{_definition_line(instance.process.definition())}")
     against = (f"thresholds of {activity}" if check["config"] == "activity"
                else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
     if out.tty:
         _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx)
     else:
         _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx)
+
+
+def _definition_line(definition: dict[str, Any]) -> str:
+    """The definition an instance runs (``Process.definition``): the one it started with, and
+    whether its files on disk still read so."""
+    if definition["version"] is None:
+        return "definition: the one kept in its record (started before layerflow kept definition versions)"
+    files = definition["files"]
+    line = f"definition: version {definition['version']} ({', '.join(Path(f['path']).name for f in files)})"
+    for state, what in (("changed", "changed on disk since it started"), ("gone", "gone from disk")):
+        names = [Path(f["path"]).name for f in files if f["now"] == state]
+        if names:
+            line += f"; {', '.join(names)} {what}"
+    if definition["on_disk"] != "same":
+        line += ": the instance runs the version it started with, new instances the files as they are"
+    return line
 
 
 def _layer_names(given: tuple[str, ...], as_json: bool) -> list[str]:

@@ -183,6 +183,37 @@ def test_rest_new_starts_take_an_edited_config_file_and_waiting_ones_are_told(v1
         assert r.status_code == 200, r.text
         done = r.json()
         assert done["status"] == "completed" and done["layers"]["L0"]["approval_limit"] == 5000
+        assert new["definition"]["version"] != waiting["definition"]["version"]  # a config edit is a new version
+        shown = local_http.get(f"{base}/api/instances/{waiting['instance_id']}", headers=headers).json()
+        assert shown["definition"]["version"] == waiting["definition"]["version"]
+        assert shown["definition"]["on_disk"] == "changed"
         notices = " ".join(done["notices"])
         assert "conflictPolicy.rules[0].confirm True -> False" in notices, notices
         assert "approval_limit 5000 -> 9000" in notices
+
+
+def test_inspect_and_resume_say_which_definition_an_instance_runs(v1: Path, store: str) -> None:
+    """The version an instance runs is the one it started with: `inspect` names it and says when the
+    files changed since; `resume` says so too, and a new start gets the new version."""
+    ids = start_all(v1, store)
+    started = cli(store, "inspect", ids["manual"])["definition"]
+    assert started["on_disk"] == "same" and len(started["version"]) == 12
+    assert {Path(f["path"]).name for f in started["files"]} == {"po50.bpmn", "po50.layerflow.yaml"}
+    deploy_v2(v1)
+    now = cli(store, "inspect", ids["manual"])["definition"]
+    assert now["version"] == started["version"] and now["on_disk"] == "changed"
+    assert {Path(f["path"]).name: f["now"] for f in now["files"]} == {"po50.bpmn": "changed", "po50.layerflow.yaml": "same"}
+    text = CliRunner().invoke(main, ["inspect", ids["manual"], "--store", store]).stdout
+    assert f"definition: version {started['version']}" in text and "po50.bpmn changed on disk since it started" in text
+    out = CliRunner().invoke(main, ["resume", ids["manual"], "--answer", 'manager_approval={"approved": true}',
+                                    "--store", store, "--json"])
+    done = json.loads(out.stdout)
+    notice = out.stderr.replace("\n", " ")
+    assert "po50.bpmn changed since instance" in notice and started["version"] in notice and "cancel" in notice, notice
+    assert done["definition"]["version"] == started["version"]
+    new = cli(store, "run", str(v1 / "po50.bpmn"), "--data", json.dumps(order("auto")))
+    assert new["definition"]["version"] != started["version"] and new["definition"]["on_disk"] == "same"
+    (v1 / "po50.bpmn").unlink()
+    gone = cli(store, "inspect", ids["hold"])["definition"]
+    assert gone["version"] == started["version"] and gone["on_disk"] == "gone"
+    assert cli(store, "resume", ids["hold"], "--now", "2099-01-01T00:00:00Z")["status"] == "completed"
