@@ -87,7 +87,7 @@ from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 from . import configfile, events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short
 from .leases import held_by, holding
-from .process import Process, load_process
+from .process import Process, file_digest, load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
                       why_not_waiting)
 from .store import record_head
@@ -728,7 +728,7 @@ class Catalog:
     def __init__(self, directory: str | Path | None) -> None:
         self.directory = Path(directory).resolve() if directory is not None else None
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[tuple[Any, ...], Process]] = {}
+        self._cache: dict[str, tuple[tuple[tuple[str, str | None], ...], Process]] = {}
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """process id -> {"id", "name", "file"} (the first file wins when two define one id)."""
@@ -798,21 +798,13 @@ class Catalog:
             self._cache[process_id] = (stamp, process)
         return process
 
-    def _stamp(self, paths: list[Path]) -> tuple[Any, ...]:
+    def _stamp(self, paths: list[Path]) -> tuple[tuple[str, str | None], ...]:
         """What a new start's process is loaded from, as it stands: the BPMN files, the config file
         beside each and the folder's DMN files (a config-only edit is a new version for new starts,
-        as a BPMN edit is; the mtime alone may not move within one tick, the size with it may)."""
+        as a BPMN edit is)."""
         assert self.directory is not None
         files = [*paths, *(c for p in paths for c in configfile.configs_beside(p)), *sorted(self.directory.glob("*.dmn"))]
-        out = []
-        for f in files:
-            try:
-                st = f.stat()
-            except OSError:
-                out.append((str(f), None))
-                continue
-            out.append((str(f), st.st_mtime_ns, st.st_size))
-        return tuple(out)
+        return tuple((str(f), file_digest(f)) for f in files)
 
 
 # ============================================================================ the service
