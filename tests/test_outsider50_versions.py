@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,12 @@ from click.testing import CliRunner
 
 import local_http
 from engine.cli import main
+from tests.stores.conftest import scene_on
 
 HERE = Path(__file__).resolve().parent / "outsider_versions50"
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "outsider50-token"
+REDIS = os.environ.get("LAYERFLOW_TEST_REDIS_50", "redis://127.0.0.1:6379/14")
 PATHS = ("manual", "review", "hold", "supplier")
 
 
@@ -217,3 +220,35 @@ def test_inspect_and_resume_say_which_definition_an_instance_runs(v1: Path, stor
     gone = cli(store, "inspect", ids["hold"])["definition"]
     assert gone["version"] == started["version"] and gone["on_disk"] == "gone"
     assert cli(store, "resume", ids["hold"], "--now", "2099-01-01T00:00:00Z")["status"] == "completed"
+
+
+@pytest.fixture
+def scene() -> Iterator[dict[str, str]]:
+    """A key prefix and a stream of this test's own on Redis DB 14, removed afterwards."""
+    yield from scene_on(REDIS, "o50")
+
+
+def test_workers_run_what_was_submitted_before_v2_on_v1_and_new_submits_on_v2(v1: Path, scene: dict[str, str]) -> None:
+    """Orders submitted to the workers' Redis before v2 is deployed run on v1 when a worker picks
+    them up after it (an instance is bound to its definition when it is created); those submitted
+    after run on v2."""
+    store, stream = scene["store"], scene["stream"]
+
+    def submit(path: str) -> str:
+        code, doc, err = cli_process(store, "submit", str(v1 / "po50.bpmn"), "--data", json.dumps(order(path)),
+                                     "--stream", stream)
+        assert code == 0, err
+        return str(doc["instance_ids"][0])
+
+    manual, auto = submit("manual"), submit("auto")
+    deploy_v2(v1)
+    newer = submit("auto")
+    code, stats, err = cli_process(store, "worker", "--stream", stream, "--timer-interval", "0", "--stop-after", "3")
+    assert code == 0 and stats["statuses"] == {"completed": 2, "waiting": 1}, (stats, err)
+    assert "Traceback" not in err
+    assert cli(store, "inspect", auto)["layers"]["L3"]["summary"] == "v1 PO-auto auto"
+    assert cli(store, "inspect", newer)["layers"]["L3"]["summary"] == "v2 PO-auto auto"
+    waiting = cli(store, "inspect", manual)
+    assert waiting["definition"]["on_disk"] == "changed"
+    done = cli(store, "resume", manual, "--answer", 'manager_approval={"approved": true}')
+    assert done["layers"]["L3"]["summary"] == "v1 PO-manual approved" and "notified" not in done["layers"]["L3"]
