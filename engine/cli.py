@@ -1160,6 +1160,8 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
             instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")
         except LayerflowError as err:
             _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ", instance=instance)
+        for notice in instance.notices:  # the files changed since it started, as `resume` says
+            out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 

@@ -640,7 +640,7 @@ class Engine:
             self._save(instance)
             return instance
         self._save(instance)
-        return self.run(instance) if run else instance
+        return self._run_on(instance) if run else instance
 
     def answer_confirmation(self, instance: Instance | str, confirmation_id: str, value: Any, *, run: bool = True,
                             timed_out: bool = False, actor: str = "person", reason: str | None = None,
@@ -677,7 +677,7 @@ class Engine:
             self._save(instance)
             return instance
         self._save(instance)
-        return self.run(instance) if run else instance
+        return self._run_on(instance) if run else instance
 
     def send_event(self, instance: Instance | str, name: str, payload: Any = None, *, kind: str = "message",
                    actor: str = "operator", run: bool = True) -> Instance:
@@ -736,7 +736,15 @@ class Engine:
             raise
         instance.status = "running"
         self._save(instance)
-        return self.run(instance) if run else instance
+        return self._run_on(instance) if run else instance
+
+    def _run_on(self, instance: Instance) -> Instance:
+        """Run on after an answer or an event, saying (``notices``) what of its files changed since the
+        instance started, as ``resume`` does: an answer is no moment to believe an edit applies."""
+        drift = config_file_notices(instance)
+        instance = self.run(instance)
+        instance.notices[:0] = drift
+        return instance
 
     def resume(self, instance: Instance | str, *, answers: Mapping[str, Any] | None = None,
                ask: Callable[[dict[str, Any]], Any] | None = None, by: str | None = None) -> Instance:

@@ -214,6 +214,9 @@ def test_inspect_and_resume_say_which_definition_an_instance_runs(v1: Path, stor
     notice = out.stderr.replace("\n", " ")
     assert "po50.bpmn changed since instance" in notice and started["version"] in notice and "cancel" in notice, notice
     assert done["definition"]["version"] == started["version"]
+    sent = CliRunner().invoke(main, ["send", ids["supplier"], "supplier_confirmed", "--store", store, "--json"])
+    assert json.loads(sent.stdout)["status"] == "completed"  # v1's wait_supplier, renamed in v2
+    assert "po50.bpmn changed since instance" in sent.stderr.replace("\n", " "), sent.stderr
     new = cli(store, "run", str(v1 / "po50.bpmn"), "--data", json.dumps(order("auto")))
     assert new["definition"]["version"] != started["version"] and new["definition"]["on_disk"] == "same"
     (v1 / "po50.bpmn").unlink()
