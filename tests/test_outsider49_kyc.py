@@ -1,0 +1,127 @@
+"""A bank's SRE runs KYC / anti-money-laundering case review (tests/outsider_kyc49/) on a fleet of
+``layerflow worker`` processes sharing Redis DB 11, from README.md and ``--help`` alone.
+
+The process: sanctions screening (a model step; its offline handler stands in, reading the sanctions
+passages retrieval put in KNOWLEDGE from ``knowledge/sanctions/``), a PEP register lookup (an external
+call), two analysts in parallel who may rate the customer differently (a join conflict that a second
+person confirms: four eyes), and for a high rating the MLRO escalation sub-process, whose review window
+(a timer) may run out while no worker runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.engine_helpers import redis_scratch
+from tests.engine.support_o44.support_scene import cli, wait_for
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PROCESS = HERE / "outsider_kyc49" / "kyc49_review.bpmn"
+REDIS = "redis://127.0.0.1:6379/11"
+CLEAN = {"case_id": "K-clean", "customer_name": "Ann Smith", "country": "UK", "monthly_volume": 5000}
+LISTED = {"case_id": "K-listed", "customer_name": "Blue Harbour Shipping Ltd", "country": "Panama",
+          "monthly_volume": 5000}
+AT_REST = ("waiting", "completed", "error")
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A key prefix and a stream of this test's own on DB 11 (removed afterwards), and the worker processes
+    it starts (killed afterwards)."""
+    with redis_scratch(REDIS, "o49") as name:
+        env = dict(os.environ, PYTHONPATH=str(ROOT), KYC49_SIDE_EFFECTS=str(tmp_path / "side_effects.log"))
+        env.pop("LAYERFLOW_STORE", None)
+        sc: dict[str, Any] = {"name": name, "store": f"{REDIS}?prefix={name}", "stream": f"{name}-ready",
+                              "procs": {}, "env": env, "tmp": tmp_path}
+        try:
+            yield sc
+        finally:
+            for proc in sc["procs"].values():
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(timeout=10)
+
+
+def worker(sc: dict[str, Any], name: str, *extra: str, store: str | None = None) -> subprocess.Popen[str]:
+    """``layerflow worker`` as the README starts it, on the test's stream."""
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "worker", "--store", store or sc["store"],
+                             "--stream", sc["stream"], "--consumer", name, "--timer-interval", "0.3", "--json",
+                             *extra], env=sc["env"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=(sc["tmp"] / f"{name}.err").open("w"), text=True)
+    sc["procs"][name] = proc
+    return proc
+
+
+def stop(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """SIGTERM, as an operator stops a worker: its stats."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    return json.loads(out)
+
+
+def submit(sc: dict[str, Any], data: dict[str, Any], count: int) -> list[str]:
+    code, doc = cli(sc["store"], "submit", str(PROCESS), "--data", json.dumps(data), "--count", str(count),
+                    "--stream", sc["stream"])
+    assert code == 0, doc
+    return list(doc["instance_ids"])
+
+
+def rows(sc: dict[str, Any]) -> list[dict[str, Any]]:
+    code, found = cli(sc["store"], "list")
+    assert code == 0, found
+    return list(found)
+
+
+def all_at_rest(sc: dict[str, Any], ids: list[str]) -> list[dict[str, Any]] | None:
+    found = [r for r in rows(sc) if r["instance_id"] in ids]
+    return found if len(found) == len(ids) and all(r["status"] in AT_REST and not r["held_by"] for r in found) \
+        else None
+
+
+def side_effects(sc: dict[str, Any]) -> Counter[tuple[str, str]]:
+    log = sc["tmp"] / "side_effects.log"
+    lines = log.read_text().split("\n") if log.exists() else []
+    return Counter(tuple(line.split()[:2]) for line in lines if line)  # type: ignore[misc]
+
+
+def dead(sc: dict[str, Any]) -> list[dict[str, Any]]:
+    code, doc = cli(sc["store"], "worker", "dead", "--stream", sc["stream"])
+    assert code == 0, doc
+    return list(doc["dead_letters"])
+
+
+# ----------------------------------------------------------------------------- a worker on the wrong store
+
+def test_a_worker_started_with_a_wrong_prefix_leaves_the_fleets_cases_to_the_right_workers(fleet) -> None:
+    """One worker of the fleet started with a typo in its ``?prefix=``: it cannot run a single case of the
+    store `submit` used. Before: it took its share of the stream, failed each entry and took it back itself
+    (its own pending entries are the first it reclaims) until the fifth failure moved it to the dead letters;
+    13 of 20 cases ended there while a worker on the right store stood idle beside it, and each needed a
+    `worker requeue` by hand. Now the entry names the store it was submitted to, and a worker of another store
+    leaves it to the workers of that store (it neither runs it nor counts it as a failed delivery), saying so."""
+    wrong = f"{REDIS}?prefix={fleet['name']}typo"
+    worker(fleet, "typo", "--idle-ms", "500", store=wrong)
+    ids = submit(fleet, CLEAN, 12)
+    wait_for(lambda: "left to the workers of that store" in (fleet["tmp"] / "typo.err").read_text(),
+             "the worker on the wrong store to meet the first case")
+    worker(fleet, "right", "--idle-ms", "500")
+    found = wait_for(lambda: all_at_rest(fleet, ids), "every case run by the worker on the right store", timeout=60)
+    assert [r["status"] for r in found] == ["waiting"] * 12  # at the four-eyes confirmation
+    assert dead(fleet) == []
+    typo = stop(fleet["procs"]["typo"])
+    assert typo["dead"] == 0 and typo["ran"] == 0 and typo["other_store"] >= 1, typo
+    log = (fleet["tmp"] / "typo.err").read_text()
+    assert f"prefix {fleet['name']!r}" in log and f"prefix {fleet['name'] + 'typo'!r}" in log, log
+    assert stop(fleet["procs"]["right"])["ran"] == 12
