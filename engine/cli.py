@@ -242,6 +242,16 @@ def _fallback_lines(lines: list[str], fallbacks: list[dict[str, Any]]) -> None:
                      f"{_FALLBACK_TEXT.get(str(last['fallback']), str(last['fallback']))}{error}")
 
 
+def _fix_hint(instance: Instance, at: str) -> str | None:
+    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None."""
+    error = instance.error or {}
+    if instance.status != "error" or error.get("kind") != "activity_failed" or not error.get("task_id"):
+        return None
+    return (f"fix its cause, then `layerflow resume {instance.id}{at}` runs {error['task_id']} again "
+            f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
+            f"--activity {error['task_id']}` shows what it did)")
+
+
 def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     doc = instance.to_document()
     if out.as_json:
@@ -254,10 +264,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     at = _store_hint(store)
     if instance.error and instance.status == "error":
         lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
-        if instance.error["kind"] == "activity_failed" and instance.error.get("task_id"):
-            lines.append(f"  fix its cause, then `layerflow resume {instance.id}{at}` runs {instance.error['task_id']} again "
-                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
-                         f"--activity {instance.error['task_id']}` shows what it did)")
+        fix = _fix_hint(instance, at)
+        if fix:
+            lines.append(f"  {fix}")
     if instance.cancelled:
         lines.append(f"  cancelled by {instance.cancelled['by']} (was {instance.cancelled['status']}): "
                      f"{instance.cancelled['reason']}")
@@ -1504,12 +1513,29 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
         return
 
     header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
+    status_rows = _inspect_status_rows(instance, _store_hint(store))
     against = (f"thresholds of {activity}" if check["config"] == "activity"
                else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
     if out.tty:
-        _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx)
+        _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
     else:
-        _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx)
+        _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
+
+
+def _inspect_status_rows(instance: Instance, at: str) -> list[list[str]]:
+    """What an operator acts on first, as records of inspect's listing: the error of a failed instance
+    (``error``, kind, task, message) and how to go on (``fix``), what a waiting one waits for
+    (``waiting``, kind, id, task, due), as `run` prints them."""
+    rows: list[list[str]] = []
+    if instance.status == "error" and instance.error:
+        rows.append(["error", str(instance.error.get("kind")), str(instance.error.get("task_id") or "-"),
+                     terminal_text(str(instance.error.get("message")))])
+        fix = _fix_hint(instance, at)
+        if fix:
+            rows.append(["fix", fix])
+    for w in instance.to_document()["waiting_for"]:
+        rows.append(["waiting", str(w["kind"]), str(w["id"]), str(w.get("task_id") or ""), str(w.get("due") or "")])
+    return rows
 
 
 def _layer_names(given: tuple[str, ...], as_json: bool) -> list[str]:
@@ -1552,9 +1578,10 @@ def _prompt_cells(r: dict[str, Any]) -> tuple[str, ...]:
 
 def _inspect_plain(header: str, report: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
                    check: dict[str, Any], against: str, compressions: list[dict[str, Any]],
-                   prompt_doc: dict[str, Any] | None, ctx: LayeredContext) -> None:
+                   prompt_doc: dict[str, Any] | None, ctx: LayeredContext, status_rows: list[list[str]]) -> None:
     """Tab-separated lines, one record each, for grep and cut (the value preview last)."""
-    lines = [header, "layer\tkey\ttokens\tpreserved\twritten_by\tvalue"]
+    lines = [header, *("\t".join(row).rstrip("\t") for row in status_rows),
+             "layer\tkey\ttokens\tpreserved\twritten_by\tvalue"]
     for name, rows in tables.items():
         for r in rows:
             lines.append(f"{name}\t{r['key']}\t{r['tokens']}\t{'preserved' if r['preserved'] else ''}\t"
@@ -1587,12 +1614,15 @@ def _inspect_plain(header: str, report: dict[str, Any], tables: dict[str, list[d
 
 def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
                   check: dict[str, Any], against: str, compressions: list[dict[str, Any]],
-                  prompt_doc: dict[str, Any] | None, ctx: LayeredContext) -> None:
+                  prompt_doc: dict[str, Any] | None, ctx: LayeredContext, status_rows: list[list[str]]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     console = out.console
     console.print(f"[bold]{escape(header)}[/]", highlight=False)
+    for row in status_rows:
+        console.print(f"[bold red]{row[0]}[/] {escape(' · '.join(cell for cell in row[1:] if cell))}",
+                      highlight=False)
     for name, rows in tables.items():
         stats = report["layers"][name]
         if not rows:

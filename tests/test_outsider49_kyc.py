@@ -125,3 +125,55 @@ def test_a_worker_started_with_a_wrong_prefix_leaves_the_fleets_cases_to_the_rig
     log = (fleet["tmp"] / "typo.err").read_text()
     assert f"prefix {fleet['name']!r}" in log and f"prefix {fleet['name'] + 'typo'!r}" in log, log
     assert stop(fleet["procs"]["right"])["ran"] == 12
+
+
+# ----------------------------------------------------------------------------- a case that failed
+
+def plain(store: str, *args: str) -> tuple[int, str]:
+    """`layerflow ...` without --json, as an operator reads it (stdout is no terminal: plain lines)."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    out = CliRunner().invoke(main, [*args, "--store", store])
+    return out.exit_code, out.stdout
+
+
+def test_a_case_a_worker_ran_into_an_error_is_inspected_replayed_and_resumed(fleet) -> None:
+    """The case file came without ``monthly_volume``: analyst A's script fails on the worker. Before,
+    `layerflow inspect ID` (plain) printed `error` in its header and nothing of what failed, where, or how to
+    go on (only `--json` had it); a waiting case's plain inspect did not say what it waits for either. Now
+    both are records of the plain listing (`error`, `fix`, `waiting`), as `run` prints them."""
+    [iid] = submit(fleet, {k: v for k, v in CLEAN.items() if k != "monthly_volume"}, 1)
+    w = worker(fleet, "w1", "--stop-after", "1")
+    assert json.loads(w.communicate(timeout=60)[0])["statuses"] == {"error": 1}
+    assert f"instance {iid} (kyc49_review): error [activity_failed] at analyst_a" in (fleet["tmp"] / "w1.err").read_text()
+
+    code, text = plain(fleet["store"], "inspect", iid)
+    assert code == 0, text
+    lines = text.splitlines()
+    [error] = [ln.split("\t") for ln in lines if ln.startswith("error\t")]
+    assert error[1:3] == ["activity_failed", "analyst_a"] and "'monthly_volume'" in error[3], error
+    [fix] = [ln for ln in lines if ln.startswith("fix\t")]
+    assert f"layerflow resume {iid}" in fix and "--set KEY=VALUE" in fix, fix
+    assert lines[1].startswith("error\t") and lines[2].startswith("fix\t"), lines[:3]  # before the layers
+    code, doc = cli(fleet["store"], "inspect", iid)
+    assert doc["error"]["task_id"] == "analyst_a" and doc["error"]["kind"] == error[1]
+
+    # the tape says where the failure stopped analyst A's branch; replay rebuilds what inspect shows
+    code, tape = cli(fleet["store"], "tape", iid, "--activity", "analyst_a")
+    assert [e["kind"] for e in tape][-1] == "abort" and "monthly_volume" in tape[-1]["data"]["reason"], tape
+    code, rebuilt = cli(fleet["store"], "replay", iid)
+    assert code == 0 and rebuilt["layers"] == doc["layers"]
+
+    code, doc = cli(fleet["store"], "resume", iid, "--set", "monthly_volume=250000")
+    assert code == 3 and [w["id"] for w in doc["waiting_for"]] == ["review_join/risk_rating"], doc
+    code, text = plain(fleet["store"], "inspect", iid)
+    [waiting] = [ln.split("\t") for ln in text.splitlines() if ln.startswith("waiting\t")]
+    assert waiting[1:4] == ["confirmation", "review_join/risk_rating", "review_join"] and waiting[4] > "2026", waiting
+    assert not [ln for ln in text.splitlines() if ln.startswith(("error\t", "fix\t"))]
+    code, doc = cli(fleet["store"], "resume", iid, "--answer", "review_join/risk_rating=high", "--by", "mlro-deputy")
+    assert code == 3 and [w["task_id"] for w in doc["waiting_for"]] == ["mlro_wait"], doc
+    [conflict] = doc["conflicts"]
+    assert conflict["values"] == {"analyst_a": "high", "analyst_b": "medium"}
+    assert conflict["resolution"]["value"] == "high" and conflict["resolution"]["resolver"] == "human"
