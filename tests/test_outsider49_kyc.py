@@ -102,6 +102,56 @@ def dead(sc: dict[str, Any]) -> list[dict[str, Any]]:
     return list(doc["dead_letters"])
 
 
+# ----------------------------------------------------------------------------- the fleet
+
+def test_twenty_one_cases_on_three_workers_one_killed_in_the_pep_lookup(fleet) -> None:
+    """21 cases on three workers; the one whose PEP lookup hangs has its worker SIGKILLed mid-call. Another
+    worker takes it over after --idle-ms and runs the lookup again (said on the tape), and nothing else: every
+    other external call ran once per case, no case lost a write, and each ended where its data leads it."""
+    hold = fleet["tmp"] / "hold"
+    hold.write_text("hold")
+    fleet["env"].update(KYC49_HOLD=str(hold), KYC49_SLOW_STEP="pep_check", KYC49_SLOW_CASE="K-slow")
+    for name in ("w1", "w2", "w3"):
+        worker(fleet, name, "--idle-ms", "1500")
+    [slow] = submit(fleet, {**CLEAN, "case_id": "K-slow"}, 1)
+    clean = submit(fleet, CLEAN, 10)
+    listed = submit(fleet, LISTED, 10)
+
+    wait_for(lambda: side_effects(fleet)[(slow, "pep_check")], "a worker to call the PEP register for K-slow")
+    [holder] = [r["held_by"] for r in rows(fleet) if r["instance_id"] == slow]
+    fleet["procs"][holder].send_signal(signal.SIGKILL)
+    assert fleet["procs"][holder].wait(timeout=10) == -signal.SIGKILL
+    hold.unlink()  # the register answers again
+
+    ids = [slow, *clean, *listed]
+
+    def settled() -> dict[str, str] | None:
+        found = {r["instance_id"]: r["status"] for r in all_at_rest(fleet, ids) or []}
+        return found if found and all(found[i] == "completed" for i in listed) else None
+    found = wait_for(settled, "every case at rest, the listed ones through the MLRO window", timeout=60)
+    assert {i: found[i] for i in [slow, *clean]} == {i: "waiting" for i in [slow, *clean]}
+    calls = side_effects(fleet)
+    assert calls == Counter({**{(i, step): 1 for i in ids for step in ("pep_check", "analyst_b")},
+                             (slow, "pep_check"): 2}), calls
+    code, [retry] = cli(fleet["store"], "tape", slow, "--kind", "retry")
+    assert retry["data"]["previous_consumer"] == holder and retry["data"]["activity_begun"] == "pep_check", retry
+    for iid in ids:
+        code, doc = cli(fleet["store"], "inspect", iid)
+        history = doc["layers"]["L3"]
+        assert {"screening_hit", "screening_score", "pep"} <= set(history), (iid, history)
+        if iid in listed:
+            assert history["risk_rating"] == "high" and history["notes_a"] == "volume 5000", (iid, history)
+            assert history["screening_hit"] is True and history["account_frozen"] is True, (iid, history)
+            assert history["sar_status"] == "filed" and doc["conflicts"] == []
+            assert any(k.startswith("kb:sanctions/") for k in doc["layers"]["L2"]), doc["layers"]["L2"]
+        else:
+            [conflict] = doc["conflicts"]  # both analysts' writes reached the join
+            assert conflict["values"] == {"analyst_a": "low", "analyst_b": "medium"}, (iid, conflict)
+            assert [w["id"] for w in doc["waiting_for"]] == ["review_join/risk_rating"]
+    assert not [r for r in rows(fleet) if r["instance_id"] in ids and r["held_by"]]
+    assert dead(fleet) == []
+
+
 # ----------------------------------------------------------------------------- a worker on the wrong store
 
 def test_a_worker_started_with_a_wrong_prefix_leaves_the_fleets_cases_to_the_right_workers(fleet) -> None:

@@ -3,8 +3,8 @@
 ``screening`` stands in for the screening model offline: it matches the customer's name against the
 sanctions passages retrieval put in KNOWLEDGE. ``pep_check`` and ``analyst_b`` are external calls: each
 start is a line ``INSTANCE STEP PID`` in the file $KYC49_SIDE_EFFECTS (so a test counts how often each
-ran), and the step named by $KYC49_SLOW_STEP sleeps $KYC49_SLOW_S seconds (default 0) for the case
-$KYC49_SLOW_CASE (every case when unset): the one a test kills a worker in."""
+ran); the step $KYC49_SLOW_STEP of the case $KYC49_SLOW_CASE then waits while the file $KYC49_HOLD exists
+(30 s at most): the call a test kills a worker in."""
 
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ def _external_call(ctx: Any, step: str) -> None:
     if log:
         with open(log, "a", encoding="utf-8") as out:
             out.write(f"{ctx.instance_id} {step} {os.getpid()}\n")
-    slow_case = os.environ.get("KYC49_SLOW_CASE")
-    if os.environ.get("KYC49_SLOW_STEP") == step and slow_case in (None, ctx.get("case_id")):
-        time.sleep(float(os.environ.get("KYC49_SLOW_S", "0")))
+    hold = os.environ.get("KYC49_HOLD")
+    if hold and step == os.environ.get("KYC49_SLOW_STEP") and ctx.get("case_id") == os.environ.get("KYC49_SLOW_CASE"):
+        deadline = time.monotonic() + 30
+        while os.path.exists(hold) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def pep_check(ctx: Any) -> dict[str, Any]:
