@@ -152,6 +152,37 @@ def test_twenty_one_cases_on_three_workers_one_killed_in_the_pep_lookup(fleet) -
     assert dead(fleet) == []
 
 
+def test_every_worker_stopped_the_mlro_window_runs_out_and_a_restarted_worker_fires_it_once(fleet) -> None:
+    """The fleet is stopped (SIGTERM, as for a deploy) with cases inside the MLRO window; a deputy signs off a
+    rating meanwhile (four eyes, from the CLI). The windows run out while no worker runs: nothing happens, but
+    `timers` names them; the first worker started again fires each once and the cases complete."""
+    w1 = worker(fleet, "w1", "--idle-ms", "5000")
+    listed = submit(fleet, LISTED, 2)
+    [clean] = submit(fleet, CLEAN, 1)
+    wait_for(lambda: all_at_rest(fleet, [*listed, clean]), "the cases at the MLRO window and at the four eyes")
+    stats = stop(w1)
+    assert stats["statuses"] == {"waiting": 3} and stats["dead"] == 0, stats
+    code, doc = cli(fleet["store"], "resume", clean, "--answer", "review_join/risk_rating=high", "--by", "deputy")
+    assert code == 3 and [w["task_id"] for w in doc["waiting_for"]] == ["mlro_wait"], doc
+    assert doc["conflicts"][0]["resolution"]["reason"].startswith("a person (deputy) chose"), doc["conflicts"]
+
+    cases = sorted([*listed, clean])
+    due = wait_for(lambda: (lambda d: d if sorted(t["instance_id"] for t in d) == cases else None)(
+        cli(fleet["store"], "timers")[1]["due"]), "the three MLRO windows to run out", timeout=10)
+    assert {t["task_id"] for t in due} == {"mlro_wait"}
+    assert {r["instance_id"]: r["status"] for r in rows(fleet)} == {i: "waiting" for i in cases}  # nobody fired them
+
+    w2 = worker(fleet, "w2", "--idle-ms", "5000")
+    wait_for(lambda: all(r["status"] == "completed" for r in rows(fleet)), "the restarted worker to fire the windows")
+    assert stop(w2)["statuses"] == {"completed": 3}
+    assert cli(fleet["store"], "timers")[1]["due"] == []
+    for iid in cases:
+        code, tape = cli(fleet["store"], "tape", iid, "--activity", "freeze")
+        assert [e["kind"] for e in tape].count("begin") == 1, (iid, tape)
+        code, doc = cli(fleet["store"], "inspect", iid)
+        assert doc["layers"]["L3"]["account_frozen"] is True and doc["layers"]["L3"]["sar_status"] == "filed"
+
+
 # ----------------------------------------------------------------------------- a worker on the wrong store
 
 def test_a_worker_started_with_a_wrong_prefix_leaves_the_fleets_cases_to_the_right_workers(fleet) -> None:
