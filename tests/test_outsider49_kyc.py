@@ -24,6 +24,7 @@ import pytest
 
 from tests.engine.engine_helpers import redis_scratch
 from tests.engine.support_o44.support_scene import cli, wait_for
+from tests.stores.test_faults import OwnRedis
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -90,6 +91,12 @@ def all_at_rest(sc: dict[str, Any], ids: list[str]) -> list[dict[str, Any]] | No
         else None
 
 
+def settled(sc: dict[str, Any], ids: list[str], listed: list[str]) -> dict[str, str] | None:
+    """id -> status once every case is at rest and the listed ones are through the MLRO window."""
+    found = {r["instance_id"]: r["status"] for r in all_at_rest(sc, ids) or []}
+    return found if found and all(found[i] == "completed" for i in listed) else None
+
+
 def side_effects(sc: dict[str, Any]) -> Counter[tuple[str, str]]:
     log = sc["tmp"] / "side_effects.log"
     lines = log.read_text().split("\n") if log.exists() else []
@@ -124,11 +131,8 @@ def test_twenty_one_cases_on_three_workers_one_killed_in_the_pep_lookup(fleet) -
     hold.unlink()  # the register answers again
 
     ids = [slow, *clean, *listed]
-
-    def settled() -> dict[str, str] | None:
-        found = {r["instance_id"]: r["status"] for r in all_at_rest(fleet, ids) or []}
-        return found if found and all(found[i] == "completed" for i in listed) else None
-    found = wait_for(settled, "every case at rest, the listed ones through the MLRO window", timeout=60)
+    found = wait_for(lambda: settled(fleet, ids, listed), "every case at rest, the listed ones through the MLRO window",
+                     timeout=60)
     assert {i: found[i] for i in [slow, *clean]} == {i: "waiting" for i in [slow, *clean]}
     calls = side_effects(fleet)
     assert calls == Counter({**{(i, step): 1 for i in ids for step in ("pep_check", "analyst_b")},
@@ -258,3 +262,46 @@ def test_a_case_a_worker_ran_into_an_error_is_inspected_replayed_and_resumed(fle
     [conflict] = doc["conflicts"]
     assert conflict["values"] == {"analyst_a": "high", "analyst_b": "medium"}
     assert conflict["resolution"]["value"] == "high" and conflict["resolution"]["resolver"] == "human"
+
+
+# ----------------------------------------------------------------------------- Redis goes away
+
+def test_redis_goes_away_mid_lookup_and_comes_back_nothing_is_lost(fleet) -> None:
+    """The Redis that holds the store and the stream (a server of this test's own, appendonly) is killed while
+    a worker waits on the PEP register for a case, and started again. The worker waits for it (saying so)
+    instead of exiting; `submit` meanwhile creates nothing; afterwards every case is at rest, none in the dead
+    letters, each external call run once but the one the outage interrupted (run again from the last save)."""
+    server = OwnRedis(fleet["tmp"], durable=True)
+    server.start()
+    try:
+        sc = {**fleet, "store": f"{server.url}?prefix=kyc", "stream": "kyc-ready"}
+        hold = fleet["tmp"] / "hold"
+        hold.write_text("hold")
+        fleet["env"].update(KYC49_HOLD=str(hold), KYC49_SLOW_STEP="pep_check", KYC49_SLOW_CASE="K-slow")
+        w1 = worker(sc, "w1", "--idle-ms", "1000")
+        [slow] = submit(sc, {**CLEAN, "case_id": "K-slow"}, 1)
+        others = submit(sc, LISTED, 2)
+        wait_for(lambda: side_effects(sc)[(slow, "pep_check")], "the worker to call the PEP register")
+        server.kill()
+        code, doc = cli(sc["store"], "submit", str(PROCESS), "--data", json.dumps(CLEAN), "--stream", sc["stream"])
+        assert code == 2 and doc["error"]["kind"] == "store_unavailable", doc
+        hold.unlink()
+        wait_for(lambda: "did not answer" in (fleet["tmp"] / "w1.err").read_text(), "the worker to wait for Redis")
+        assert w1.poll() is None
+        server.start()
+        ids = [slow, *others]
+        found = wait_for(lambda: settled(sc, ids, others), "the cases to come to rest after the outage", timeout=30)
+        assert found[slow] == "waiting", found
+        assert len(rows(sc)) == 3  # the submit refused during the outage left nothing
+        assert dead(sc) == []
+        calls = side_effects(sc)
+        assert all(calls[(i, "pep_check")] == 1 and calls[(i, "analyst_b")] == 1 for i in others), calls
+        assert calls[(slow, "analyst_b")] == 1 and calls[(slow, "pep_check")] in (1, 2), calls
+        if calls[(slow, "pep_check")] == 2:  # its save was cut off: said on the tape
+            code, [retry] = cli(sc["store"], "tape", slow, "--kind", "retry")
+            assert retry["data"]["activity_begun"] == "pep_check", retry
+        code, doc = cli(sc["store"], "inspect", slow)
+        assert doc["conflicts"][0]["values"] == {"analyst_a": "low", "analyst_b": "medium"}
+        assert stop(w1)["dead"] == 0
+    finally:
+        server.stop()
