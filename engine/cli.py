@@ -41,6 +41,7 @@ from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Status, Unattended, check_start,
                       check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers, _utc)
 from .store import default_store_url, open_store, record_head
+from .worker import DEFAULT_STREAM
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
 
@@ -570,6 +571,11 @@ _store_option = click.option("--store", "store", default=None, metavar="URL",
                              help="memory://, sqlite:///FILE, redis://HOST:PORT/DB (default: $LAYERFLOW_STORE, "
                                   "else the user data folder)")
 _json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document and nothing else on stdout")
+_queue_option = click.option("--queue", "queue", default=None, metavar="URL",
+                             help="the Redis holding the stream (default: the store when it is Redis, else "
+                                  "$LAYERFLOW_QUEUE)")
+_stream_option = click.option("--stream", default=DEFAULT_STREAM, show_default=True,
+                              help="Redis stream of ready instances")
 _answers_option = click.option("--answers", "answers_file", default=None, metavar="FILE",
                                help='JSON {"user_tasks": {TASK: {...}}, "confirmations": {ID: ANSWER}}')
 _answer_option = click.option("--answer", "answer", multiple=True, metavar="KEY=VALUE",
@@ -1251,22 +1257,56 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 @click.option("--status", type=click.Choice(get_args(Status)), default=None,
               help="only the instances of this status (as GET /api/instances?status=)")
 @_store_option
+@_queue_option
+@_stream_option
 @_json_option
-def list_instances(status: str | None, store: str | None, as_json: bool) -> None:
+def list_instances(status: str | None, store: str | None, queue: str | None, stream: str, as_json: bool) -> None:
     """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
-    waiting one whose timer or answer is being run from one that still waits."""
+    waiting one whose timer or answer is being run from one that still waits; one whose entry is in
+    the --stream's dead letters names its dead letter, as no worker will run it until it is requeued."""
     from .governance import instance_rows
 
     engine = _existing_engine(store, None, as_json)
     rows = instance_rows(engine.store, status, holders=True) if engine is not None else []
+    letters = _dead_letter_ids(store, queue, stream) if rows else {}
+    for r in rows:
+        r["dead_letter"] = letters.get(r["id"]) if r["status"] in ("running", "waiting") else None
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return
     for r in rows:
         by = f"  held by {r['held_by']}" if r["held_by"] else ""
+        if r["dead_letter"]:
+            by += (f"  dead letter {r['dead_letter']}: no worker runs it (`layerflow worker dead` says why; once "
+                   f"fixed, `layerflow worker requeue {r['dead_letter']} --stream {stream}`)")
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}{by}")
+
+
+def _dead_letter_ids(store: str | None, queue: str | None, stream: str) -> dict[str, str]:
+    """Instance id -> the id of its latest dead letter of ``stream``. Read only when there is a queue to read:
+    a Redis store, ``--queue`` or $LAYERFLOW_QUEUE; one that does not answer is named on stderr, and `list`
+    lists the store all the same."""
+    import redis
+
+    from .worker import dead_letters, queue_client
+
+    url = store or default_store_url()
+    if not (queue or os.environ.get("LAYERFLOW_QUEUE") or url.split("://", 1)[0] in ("redis", "rediss", "unix")):
+        return {}
+    try:
+        client = queue_client(url, queue)
+    except LayerflowError as err:
+        click.echo(f"layerflow: dead letters not read: {err}", err=True)
+        return {}
+    try:
+        return {d.instance_id: d.id for d in dead_letters(client, stream)}
+    except redis.RedisError as err:
+        click.echo(f"layerflow: dead letters of {stream!r} not read: {type(err).__name__}: {err}", err=True)
+        return {}
+    finally:
+        client.close()
 
 
 def _context(instance: Instance, name: str | None, as_json: bool) -> LayeredContext:

@@ -305,3 +305,38 @@ def test_redis_goes_away_mid_lookup_and_comes_back_nothing_is_lost(fleet) -> Non
         assert stop(w1)["dead"] == 0
     finally:
         server.stop()
+
+
+# ----------------------------------------------------------------------------- dead letters
+
+def test_a_case_whose_tape_went_missing_is_dead_lettered_listed_as_such_and_retried_once_restored(fleet) -> None:
+    """A case's tape key is gone from Redis (renamed away by hand, as an eviction would): the worker cannot
+    rebuild it and dead-letters its entry. Before, `layerflow list` went on showing the case as `running` and
+    held by nobody, which the README reads as "waits on the queue": nothing said it never would run. `list
+    --stream` now names its dead letter. Restored and requeued, the case runs once, from where it was."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS)
+    [iid] = submit(fleet, CLEAN, 1)
+    tape_key = f"{fleet['name']}:i:{{{iid}}}:t:main"
+    client.rename(tape_key, f"{fleet['name']}:saved")
+    w = worker(fleet, "w1", "--idle-ms", "200", "--max-deliveries", "2", "--stop-after", "1")
+    assert json.loads(w.communicate(timeout=60)[0])["dead"] == 1
+    [letter] = dead(fleet)
+    assert letter["instance_id"] == iid and letter["error_type"] == "InvalidRecord" and tape_key in letter["error"]
+
+    code, found = cli(fleet["store"], "list", "--stream", fleet["stream"])
+    assert [(r["instance_id"], r["status"], r["held_by"], r["dead_letter"]) for r in found] == [
+        (iid, "running", None, letter["id"])], found
+    code, text = plain(fleet["store"], "list", "--stream", fleet["stream"])
+    assert f"dead letter {letter['id']}" in text and "layerflow worker requeue" in text, text
+
+    client.rename(f"{fleet['name']}:saved", tape_key)  # restored from the backup
+    code, doc = cli(fleet["store"], "worker", "requeue", letter["id"], "--stream", fleet["stream"])
+    assert code == 0, doc
+    w = worker(fleet, "w2", "--idle-ms", "200", "--stop-after", "1")
+    assert json.loads(w.communicate(timeout=60)[0])["statuses"] == {"waiting": 1}
+    code, found = cli(fleet["store"], "list", "--stream", fleet["stream"])
+    assert [(r["status"], r["dead_letter"]) for r in found] == [("waiting", None)], found
+    assert side_effects(fleet) == Counter({(iid, "pep_check"): 1, (iid, "analyst_b"): 1})
+    client.close()
