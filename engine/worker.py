@@ -274,7 +274,7 @@ def _ensure_group(client: Any, stream: str, group: str) -> None:
             raise
 
 
-def store_identity(store: Store | InstanceRecords) -> str:
+def store_identity(store: object) -> str:
     """Which store a stream entry is for: a Redis store's database and key prefix, a sqlite store's
     file (its real path); "" for a store no other process can share (memory). Not a Redis host: one
     server is reached by other names from other machines."""
