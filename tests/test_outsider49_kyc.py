@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from tests.engine.engine_helpers import redis_scratch
-from tests.engine.support_o44.support_scene import cli, wait_for
+from tests.engine.support_o44.support_scene import cli
+from tests.stores.test_lease_lapse_15 import wait_for as _wait_for
 from tests.stores.test_faults import OwnRedis
 
 HERE = Path(__file__).resolve().parent
@@ -62,6 +63,16 @@ def worker(sc: dict[str, Any], name: str, *extra: str, store: str | None = None)
                             stderr=(sc["tmp"] / f"{name}.err").open("w"), text=True)
     sc["procs"][name] = proc
     return proc
+
+
+def wait_for(check: Any, what: str, timeout: float = 20) -> Any:
+    """Ask ``check`` four times a second: it runs `layerflow list` in this process, beside the workers."""
+    return _wait_for(check, what, timeout, interval=0.25)
+
+
+def worker_ready(sc: dict[str, Any], name: str) -> None:
+    wait_for(lambda: "running the instances put on stream" in (sc["tmp"] / f"{name}.err").read_text(),
+             f"worker {name} to start")
 
 
 def stop(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -198,18 +209,18 @@ def test_a_worker_started_with_a_wrong_prefix_leaves_the_fleets_cases_to_the_rig
     leaves it to the workers of that store (it neither runs it nor counts it as a failed delivery), saying so."""
     wrong = f"{REDIS}?prefix={fleet['name']}typo"
     worker(fleet, "typo", "--idle-ms", "500", store=wrong)
-    ids = submit(fleet, CLEAN, 12)
-    wait_for(lambda: "left to the workers of that store" in (fleet["tmp"] / "typo.err").read_text(),
-             "the worker on the wrong store to meet the first case")
     worker(fleet, "right", "--idle-ms", "500")
+    worker_ready(fleet, "typo")
+    worker_ready(fleet, "right")
+    ids = submit(fleet, CLEAN, 8)  # the idle typo worker is served first, and is idle again at once
     found = wait_for(lambda: all_at_rest(fleet, ids), "every case run by the worker on the right store", timeout=60)
-    assert [r["status"] for r in found] == ["waiting"] * 12  # at the four-eyes confirmation
+    assert [r["status"] for r in found] == ["waiting"] * 8  # at the four-eyes confirmation
     assert dead(fleet) == []
     typo = stop(fleet["procs"]["typo"])
     assert typo["dead"] == 0 and typo["ran"] == 0 and typo["other_store"] >= 1, typo
     log = (fleet["tmp"] / "typo.err").read_text()
     assert f"prefix {fleet['name']!r}" in log and f"prefix {fleet['name'] + 'typo'!r}" in log, log
-    assert stop(fleet["procs"]["right"])["ran"] == 12
+    assert stop(fleet["procs"]["right"])["ran"] == 8
 
 
 # ----------------------------------------------------------------------------- a case that failed
