@@ -1270,14 +1270,15 @@ def list_instances(status: str | None, store: str | None, queue: str | None, str
     engine = _existing_engine(store, None, as_json)
     rows = instance_rows(engine.store, status, holders=True) if engine is not None else []
     letters = _dead_letter_ids(store, queue, stream) if rows else {}
-    for r in rows:
-        r["dead_letter"] = letters.get(r["id"]) if r["status"] in ("running", "waiting") else None
+    for r in rows:  # only on the rows that have one: the others are GET /api/instances's rows as they are
+        if r["status"] in ("running", "waiting") and r["id"] in letters:
+            r["dead_letter"] = letters[r["id"]]
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return
     for r in rows:
         by = f"  held by {r['held_by']}" if r["held_by"] else ""
-        if r["dead_letter"]:
+        if r.get("dead_letter"):
             by += (f"  dead letter {r['dead_letter']}: no worker runs it (`layerflow worker dead` says why; once "
                    f"fixed, `layerflow worker requeue {r['dead_letter']} --stream {stream}`)")
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
