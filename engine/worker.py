@@ -953,11 +953,26 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
                         "(with the same --store)", instance_id, instance.process_id, instance.error.get("kind"),
                         f" at {task}" if task else "", instance.error.get("message"), instance_id)
         else:
-            log.info("instance %s (%s): %s", instance_id, instance.process_id, instance.status)
+            log.info("instance %s (%s): %s%s", instance_id, instance.process_id, instance.status, _waits_for(instance))
     if instance.status not in AT_REST:
         raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
                              f"be one of {', '.join(AT_REST)}")
     stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
+
+
+def _waits_for(instance: Instance) -> str:
+    """`` for confirmation GATEWAY/KEY (due ...); timer TASK (due ...)``: what a waiting instance waits for,
+    for the worker's log ("" when it waits for nothing)."""
+    items = []
+    for w in instance.to_document()["waiting_for"]:
+        if w["kind"] == "confirmation":
+            what = f"confirmation {w['id']}"
+        elif w.get("event"):
+            what = f"{w.get('event_kind', 'event')} {w['event']!r} at {w['task_id']}"
+        else:
+            what = f"{w['kind'].replace('_', ' ')} {w['task_id']}"
+        items.append(what + (f" (due {w['due']})" if w.get("due") else ""))
+    return f" for {'; '.join(items)}" if items else ""
 
 
 def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any],
