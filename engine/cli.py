@@ -1536,11 +1536,12 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     compressions = report["compress_status"]["compressions"]
     shown = [ctx] if context_name else list(instance.contexts.values())
     prompt_doc = _prompt_rows(instance, shown) if prompts else None
+    holder = held_by(service.engine.store, instance.id, instance.status)
 
     if as_json:
         doc = instance.to_document()  # the `run --json` fields, for this context
         layers = {name: values for name, values in ctx.as_dict().items() if name in shown_layers}
-        doc.update({"version": report["version"], "held_by": held_by(service.engine.store, instance.id, instance.status),
+        doc.update({"version": report["version"], "held_by": holder,
                     "context": ctx.name, "layers": layers,
                     "tokens": ctx.token_report(), "attention": report["attention"], "attention_check": check,
                     "layer_stats": {name: {**report["layers"][name], "entries": rows}
@@ -1554,7 +1555,7 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
         return
 
     header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
-    status_rows = _inspect_status_rows(instance, _store_hint(store))
+    status_rows = _inspect_status_rows(instance, _store_hint(store)) + ([["held_by", holder]] if holder else [])
     against = (f"thresholds of {activity}" if check["config"] == "activity"
                else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
     if out.tty:
@@ -1566,7 +1567,7 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
 def _inspect_status_rows(instance: Instance, at: str) -> list[list[str]]:
     """What an operator acts on first, as records of inspect's listing: the error of a failed instance
     (``error``, kind, task, message) and how to go on (``fix``), what a waiting one waits for
-    (``waiting``, kind, id, task, due), as `run` prints them."""
+    (``waiting``, kind, id, task, due), as `run` prints them (and ``held_by``, added by the caller)."""
     rows: list[list[str]] = []
     if instance.status == "error" and instance.error:
         rows.append(["error", str(instance.error.get("kind")), str(instance.error.get("task_id") or "-"),

@@ -90,6 +90,16 @@ def submit(sc: dict[str, Any], data: dict[str, Any], count: int) -> list[str]:
     return list(doc["instance_ids"])
 
 
+def plain(store: str, *args: str) -> tuple[int, str]:
+    """`layerflow ...` without --json, as an operator reads it (stdout is no terminal: plain lines)."""
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    out = CliRunner().invoke(main, [*args, "--store", store])
+    return out.exit_code, out.stdout
+
+
 def rows(sc: dict[str, Any]) -> list[dict[str, Any]]:
     code, found = cli(sc["store"], "list")
     assert code == 0, found
@@ -137,6 +147,8 @@ def test_twenty_one_cases_on_three_workers_one_killed_in_the_pep_lookup(fleet) -
 
     wait_for(lambda: side_effects(fleet)[(slow, "pep_check")], "a worker to call the PEP register for K-slow")
     [holder] = [r["held_by"] for r in rows(fleet) if r["instance_id"] == slow]
+    code, text = plain(fleet["store"], "inspect", slow)
+    assert f"held_by\t{holder}" in text.splitlines(), text  # plain inspect names who runs it, as --json does
     fleet["procs"][holder].send_signal(signal.SIGKILL)
     assert fleet["procs"][holder].wait(timeout=10) == -signal.SIGKILL
     hold.unlink()  # the register answers again
@@ -229,16 +241,6 @@ def test_a_worker_started_with_a_wrong_prefix_leaves_the_fleets_cases_to_the_rig
 
 
 # ----------------------------------------------------------------------------- a case that failed
-
-def plain(store: str, *args: str) -> tuple[int, str]:
-    """`layerflow ...` without --json, as an operator reads it (stdout is no terminal: plain lines)."""
-    from click.testing import CliRunner
-
-    from engine.cli import main
-
-    out = CliRunner().invoke(main, [*args, "--store", store])
-    return out.exit_code, out.stdout
-
 
 def test_a_case_a_worker_ran_into_an_error_is_inspected_replayed_and_resumed(fleet) -> None:
     """The case file came without ``monthly_volume``: analyst A's script fails on the worker. Before,
