@@ -830,12 +830,14 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
         retry = None
         begun = None
         pending = queue._pending(queue.client, entry_id) if taken_over else None
-        # a first delivery is no retry: the deliveries before it were given back (another store's
-        # worker left it, a lease was busy), nobody began the instance from this entry
-        if pending is not None and int(pending["times_delivered"]) > 1:
-            retry = {"entry_id": entry_id, "delivery": int(pending["times_delivered"]),
-                     "previous_consumer": previous or "", "consumer": consumer}
+        if pending is not None:
             begun = queue.begun(instance_id)
+            # a first delivery with no activity begun is no retry: the deliveries before it were given
+            # back unrun (another store's worker left it, a lease was busy). One given back after an
+            # activity began (the store went down under it) is: that activity runs again.
+            if int(pending["times_delivered"]) > 1 or begun is not None:
+                retry = {"entry_id": entry_id, "delivery": int(pending["times_delivered"]),
+                         "previous_consumer": previous or "", "consumer": consumer}
         try:
             _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store,
                          lease_check=heartbeat.check, retry=retry, begun=begun,
