@@ -869,7 +869,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             letter = _letter(entry_id, instance_id, consumer, queue.group, err, fields.get("wake"), fields.get("store"))
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries)
             # a store's own error (a damaged record, a lost tape) says what is wrong: its stack adds nothing
-            trace = None if isinstance(err, StoreError) else err
+            trace = None if isinstance(err, (StoreError, NotInWorkerStore)) else err
             if dead_id is None:
                 log.warning("entry %s: instance %r could not be run (failed delivery %d of %d%s); leaving the entry "
                             "pending", entry_id, instance_id, count, max_deliveries,
@@ -894,6 +894,13 @@ def _store_label(store: Any) -> str:
     """The store as errors name it (a Redis password masked, as the store's repr does)."""
     label = repr(store)
     return label[1:-1] if label.startswith("<") and label.endswith(">") else label
+
+
+class NotInWorkerStore(LayerflowError):
+    """The entry's instance is not in the worker's store (another --store than `submit` used, or
+    deleted): a failed delivery, its message says all (no traceback of the worker's own code)."""
+
+    kind = "not_found"
 
 
 class _Vanished(LayerflowError):
@@ -923,7 +930,7 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
         # sqlite file, prefix or db) would otherwise empty the stream of the work of every
         # worker. A failed delivery instead: a worker on the right store takes it over after
         # idle_ms, and one that never finds it ends in the dead letters, to be requeued.
-        raise LayerflowError(
+        raise NotInWorkerStore(
             f"instance {instance_id!r} is not in this worker's store {_store_label(store or engine.store)}: either this "
             f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
             f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
