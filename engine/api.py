@@ -415,6 +415,8 @@ class TapeDocument(_Open):
     version: int
     count: int
     events: list[TapeEvent]
+    total: int = Field(description="how many events the filters select, on every page")
+    next_offset: int | None = Field(description="the `offset` of the next page; null on the last one")
     note: str | None = None
     kinds: list[str] | None = None
     activities: list[str] | None = None
@@ -574,10 +576,10 @@ ROUTE_ERRORS: dict[str, tuple[str, ...]] = {
     "config": (*_CHANGED, "bad_request", "invalid_config"),
     "snapshot": _CHANGED,
     "branch_evaluate": _LOADED,
-    "tools": (),
+    "tools": ("validation_error",),  # a query parameter it does not take (_known_query)
     "call_tool": _ANSWERED,  # the tools' errors: context_branch resolves, context_compress changes
-    "processes": (),
-    "process": ("not_found", "invalid_process", "invalid_config"),
+    "processes": ("validation_error",),
+    "process": ("validation_error", "not_found", "invalid_process", "invalid_config"),
     "list_instances": ("validation_error", "store_unavailable"),
     "start": ("validation_error", "not_found", "invalid_process", "invalid_config", "bad_request", "invalid_value",
               "invalid_answer", "permission_denied", "store_unavailable"),
@@ -686,7 +688,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     secret = token if token is not None else os.environ.get(TOKEN_ENV) or None
 
     app = FastAPI(title="layerflow", version="0.1.0",
-                  description="Context governance for BPMN processes with a layered LLM context.")
+                  description="Context governance for BPMN processes with a layered LLM context.",
+                  dependencies=[Depends(_known_query)])
     app.state.service = service
 
     def openapi() -> dict[str, Any]:
@@ -923,10 +926,11 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
              responses={200: {"model": list[InstanceSummary], "description": "the instances, newest first"},
                         **route_responses("list_instances")})
     def list_instances(status: Status | None = Query(default=None, description="only this status"),
+                       process_id: str | None = Query(default=None, description="only the instances of this process"),
                        s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
         """Instance summaries, newest first, each naming who holds its lease right now (``held_by``)."""
-        return s.list_instances(status, holders=True)
+        return s.list_instances(status, holders=True, process_id=process_id)
 
     @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
               responses=document_responses("start", 201))
@@ -986,10 +990,14 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
              responses=answer_responses("tape", TapeDocument, "the selected events"))
     def tape(instance_id: PathId, context: str | None = None, kind: str | None = None, activity: str | None = None,
              branch: str | None = None, key: str | None = None, since: int | None = Query(default=None, ge=0),
-             limit: int | None = Query(default=None, ge=1), s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+             limit: int | None = Query(default=None, ge=1),
+             offset: int = Query(default=0, ge=0, description=(
+                 "skip this many of the selected events: page with `limit` and the answer's `next_offset` (`since` "
+                 "counts one context's tape, so it cannot page through several)")),
+             s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Tape events of every context (or one), by time; filters as `layerflow tape`."""
         return s.tape(instance_id, context=context, kind=kind, activity=activity, branch=branch, key=key,
-                      since=since, limit=limit)
+                      since=since, limit=limit, offset=offset)
 
     @app.get("/api/confirmations", tags=["confirmations"], responses=route_responses("confirmations"))
     def confirmations(instance_id: QueryId = None, s: GovernanceService = Depends(svc)) -> list[dict[str, Any]]:
@@ -1047,6 +1055,39 @@ def _documented(request: Request, response: JSONResponse) -> JSONResponse:
     return response
 
 
+def _query_names(route: APIRoute) -> list[str]:
+    """The query parameters ``route`` takes (its own and its dependencies'), by the names a client sends."""
+    names, todo = [], [route.dependant]
+    while todo:
+        dependant = todo.pop()
+        names += [p.alias for p in dependant.query_params]
+        todo += dependant.dependencies
+    return list(dict.fromkeys(names))
+
+
+def _known_query(request: Request) -> None:
+    """Refuse a query parameter the route does not take (``?stauts=waiting``, ``?process=``): dropped,
+    it would answer as if no filter were asked for, as a body field the route has no place for is
+    refused (``_problem``). So is one given twice with different values (``?status=waiting&status=error``):
+    each takes one value, and the last one would be taken without a word."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute) or not request.url.path.startswith("/api/"):
+        return
+    taken = _query_names(route)
+    names = list(dict.fromkeys(request.query_params))
+    problems: list[dict[str, Any]] = [
+        {"loc": ("query", name), "type": "extra_forbidden", "input": None, "msg": "Extra inputs are not permitted",
+         "ctx": {"taken": taken}} for name in names if name not in taken]
+    for name in names:
+        values = list(dict.fromkeys(request.query_params.getlist(name)))
+        if name in taken and len(values) > 1:
+            problems.append({"loc": ("query", name), "type": "value_error", "input": values,
+                             "msg": f"given {len(values)} times ({', '.join(map(repr, values))}); it takes one value: "
+                                    "send one request per value"})
+    if problems:
+        raise RequestValidationError(problems)
+
+
 def _kind_of(response: JSONResponse) -> str:
     return str(json.loads(bytes(response.body))["error"]["kind"])
 
@@ -1066,6 +1107,12 @@ def _problem(error: Any, body_model: Any = None, path_params: Mapping[str, Any] 
         return {"field": "query.until",
                 "message": f"until {error.get('input')!r}: a tape sequence number counts from 1 (0: before the "
                            f"first event); GET /api/instances/{iid}/tape lists them (each event's `seq`)"}
+    if error.get("type") == "extra_forbidden" and loc[:1] == ("query",):  # _known_query's
+        taken = list((error.get("ctx") or {}).get("taken") or [])
+        close = difflib.get_close_matches(str(loc[-1]), taken, n=1, cutoff=0.6)
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        takes = f"the query parameters it takes: {', '.join(taken)}" if taken else "it takes no query parameters"
+        return {"field": f"query.{loc[-1]}", "message": f"no query parameter {loc[-1]!r} here; {meant}{takes}"}
     if error.get("type") == "extra_forbidden" and loc[:1] == ("body",) and len(loc) > 1:
         fields = _fields_at(body_model, loc[1:-1])
         name = str(loc[-1])

@@ -41,6 +41,7 @@ from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Status, Unattended, check_start,
                       check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers, _utc)
 from .store import default_store_url, open_store, record_head
+from .worker import DEFAULT_STREAM
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
 
@@ -242,6 +243,16 @@ def _fallback_lines(lines: list[str], fallbacks: list[dict[str, Any]]) -> None:
                      f"{_FALLBACK_TEXT.get(str(last['fallback']), str(last['fallback']))}{error}")
 
 
+def _fix_hint(instance: Instance, at: str) -> str | None:
+    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None."""
+    error = instance.error or {}
+    if instance.status != "error" or error.get("kind") != "activity_failed" or not error.get("task_id"):
+        return None
+    return (f"fix its cause, then `layerflow resume {instance.id}{at}` runs {error['task_id']} again "
+            f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
+            f"--activity {error['task_id']}` shows what it did)")
+
+
 def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     doc = instance.to_document()
     if out.as_json:
@@ -254,10 +265,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     at = _store_hint(store)
     if instance.error and instance.status == "error":
         lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
-        if instance.error["kind"] == "activity_failed" and instance.error.get("task_id"):
-            lines.append(f"  fix its cause, then `layerflow resume {instance.id}{at}` runs {instance.error['task_id']} again "
-                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
-                         f"--activity {instance.error['task_id']}` shows what it did)")
+        fix = _fix_hint(instance, at)
+        if fix:
+            lines.append(f"  {fix}")
     if instance.cancelled:
         lines.append(f"  cancelled by {instance.cancelled['by']} (was {instance.cancelled['status']}): "
                      f"{instance.cancelled['reason']}")
@@ -561,6 +571,11 @@ _store_option = click.option("--store", "store", default=None, metavar="URL",
                              help="memory://, sqlite:///FILE, redis://HOST:PORT/DB (default: $LAYERFLOW_STORE, "
                                   "else the user data folder)")
 _json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document and nothing else on stdout")
+_queue_option = click.option("--queue", "queue", default=None, metavar="URL",
+                             help="the Redis holding the stream (default: the store when it is Redis, else "
+                                  "$LAYERFLOW_QUEUE)")
+_stream_option = click.option("--stream", default=DEFAULT_STREAM, show_default=True,
+                              help="Redis stream of ready instances")
 _answers_option = click.option("--answers", "answers_file", default=None, metavar="FILE",
                                help='JSON {"user_tasks": {TASK: {...}}, "confirmations": {ID: ANSWER}}')
 _answer_option = click.option("--answer", "answer", multiple=True, metavar="KEY=VALUE",
@@ -696,9 +711,10 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
             instance = engine.run(instance, answers=answers, by=by,
                                   ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None))
+            _invalid_answer(out, instance, err, _answers_source(answers_file, answer), getattr(err, "task_id", None),
+                            store)
         except StoreError as err:
-            _store_failed_mid_run(instance, err, as_json)
+            _store_failed_mid_run(instance, err, as_json, store)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
@@ -717,7 +733,7 @@ def check_start_data(process: Any, data: Mapping[str, Any], data_file: str | Non
               details=start_data_details(err), process_id=process.id)
 
 
-def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) -> NoReturn:
+def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool, store: str | None = None) -> NoReturn:
     """The store stopped answering (or refused a write) while the instance ran: name the instance,
     which its last committed save keeps, so the user can continue it (the `--json` document
     carries its id and process, not null). A second answer to a confirmation is no store failure
@@ -726,7 +742,8 @@ def _store_failed_mid_run(instance: Instance, err: StoreError, as_json: bool) ->
         fields = {k: v for k, v in err.to_dict().items() if k not in ("kind", "message")}
         _fail(str(err), as_json=as_json, kind=err.kind, details={**fields, **_named(instance)})
     _fail(f"instance {instance.id} of process {instance.process_id}: {err}. What it saved before stands; once "
-          f"the store answers, `layerflow resume {instance.id}` continues it from its last save", EXIT_ERROR,
+          f"the store answers, `layerflow resume {instance.id}{_store_hint(store)}` continues it from its last save",
+          EXIT_ERROR,
           as_json=as_json, kind=err.kind, details={"instance_id": instance.id, "process_id": instance.process_id})
 
 
@@ -815,11 +832,11 @@ def _answers_source(answers_file: str | None, answer: tuple[str, ...]) -> str:
 
 
 def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: str,
-                    task_id: str | None = None) -> NoReturn:
+                    task_id: str | None = None, store: str | None = None) -> NoReturn:
     """Exit 2: an answer given that is not an offered option. Nothing of it was applied (of a
     resume, nothing of the command: ``Engine.all_or_nothing``); the instance still waits
-    (``layerflow resume ID --answer ...`` with a valid one)."""
-    message = f"{source}: {err}" if source else str(err)
+    (``layerflow resume ID --answer ...`` with a valid one, in the store this command used)."""
+    message = _resume_at(f"{source}: {err}" if source else str(err), instance.id, store)
     if out.as_json:
         cause = err.__cause__
         document = _refusal_document(instance, {
@@ -831,6 +848,20 @@ def _invalid_answer(out: _Out, instance: Instance, err: LayerflowError, source: 
     else:
         click.echo(f"layerflow: {message}", err=True)
     sys.exit(EXIT_BAD_INPUT)
+
+
+def _resume_at(message: str, instance_id: str, store: str | None) -> str:
+    """The engine's ``layerflow resume ID`` in ``message`` (it knows no store) as this command's user
+    pastes it: with the ``--store`` the command was given; of a ``memory://`` store, gone with the
+    command, not offered at all."""
+    command = f"`layerflow resume {instance_id}"
+    if command not in message:
+        return message
+    if store is not None and store.lower().startswith("memory://"):
+        return (message.split(f"; instance {instance_id} still waits", 1)[0]
+                + f"; store {store} lives only in this command: run it again with a corrected answer, or with "
+                  "--store sqlite:///FILE to resume it later")
+    return message.replace(command, command + _store_hint(store))
 
 
 def _waiting_ids(instance: Instance) -> set[str]:
@@ -1026,7 +1057,7 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
             try:  # a user task's answer that names no user task is a typo, completed or not
                 check_completed_answer_keys(instance, answers, source=_answers_source(answers_file, answer))
             except InvalidAnswer as err:
-                _invalid_answer(out, instance, err, "")
+                _invalid_answer(out, instance, err, "", store=store)
             instance = engine.resume(instance, answers=answers)  # as it is: its notices name each answer
             for notice in instance.notices:
                 out.info(f"layerflow: {notice}")
@@ -1097,9 +1128,9 @@ def resume(instance_id: str, answers_file: str | None, answer: tuple[str, ...], 
                 instance = engine.resume(instance, answers=answers,
                                          ask=_asker(out, yes, bool(answers_file or answer), instance.clock), by=by)
         except (InvalidAnswer, AnswerWriteDenied) as err:
-            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None))
+            _invalid_answer(out, instance, err, source, getattr(err, "task_id", None), store)
         except StoreError as err:
-            _store_failed_mid_run(instance, err, as_json)
+            _store_failed_mid_run(instance, err, as_json, store)
         for notice in instance.notices:  # an answer that matched no confirmation is named there too
             out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
@@ -1243,23 +1274,61 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 @main.command("list")
 @click.option("--status", type=click.Choice(get_args(Status)), default=None,
               help="only the instances of this status (as GET /api/instances?status=)")
+@click.option("--process", "process_id", default=None, metavar="PROCESS_ID",
+              help="only the instances of this process (as GET /api/instances?process_id=)")
 @_store_option
+@_queue_option
+@_stream_option
 @_json_option
-def list_instances(status: str | None, store: str | None, as_json: bool) -> None:
+def list_instances(status: str | None, process_id: str | None, store: str | None, queue: str | None, stream: str,
+                   as_json: bool) -> None:
     """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
-    waiting one whose timer or answer is being run from one that still waits."""
+    waiting one whose timer or answer is being run from one that still waits; one whose entry is in
+    the --stream's dead letters names its dead letter, as no worker will run it until it is requeued."""
     from .governance import instance_rows
 
     engine = _existing_engine(store, None, as_json)
-    rows = instance_rows(engine.store, status, holders=True) if engine is not None else []
+    rows = instance_rows(engine.store, status, holders=True, process_id=process_id) if engine is not None else []
+    letters = _dead_letter_ids(store, queue, stream) if rows else {}
+    for r in rows:  # only on the rows that have one: the others are GET /api/instances's rows as they are
+        if r["status"] in ("running", "waiting") and r["id"] in letters:
+            r["dead_letter"] = letters[r["id"]]
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return
     for r in rows:
         by = f"  held by {r['held_by']}" if r["held_by"] else ""
+        if r.get("dead_letter"):
+            by += (f"  dead letter {r['dead_letter']}: no worker runs it (`layerflow worker dead` says why; once "
+                   f"fixed, `layerflow worker requeue {r['dead_letter']} --stream {stream}`)")
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}{by}")
+
+
+def _dead_letter_ids(store: str | None, queue: str | None, stream: str) -> dict[str, str]:
+    """Instance id -> the id of its latest dead letter of ``stream``. Read only when there is a queue to read:
+    a Redis store, ``--queue`` or $LAYERFLOW_QUEUE; one that does not answer is named on stderr, and `list`
+    lists the store all the same."""
+    import redis
+
+    from .worker import dead_letters, queue_client
+
+    url = store or default_store_url()
+    if not (queue or os.environ.get("LAYERFLOW_QUEUE") or url.split("://", 1)[0] in ("redis", "rediss", "unix")):
+        return {}
+    try:
+        client = queue_client(url, queue)
+    except LayerflowError as err:
+        click.echo(f"layerflow: dead letters not read: {err}", err=True)
+        return {}
+    try:
+        return {d.instance_id: d.id for d in dead_letters(client, stream)}
+    except redis.RedisError as err:
+        click.echo(f"layerflow: dead letters of {stream!r} not read: {type(err).__name__}: {err}", err=True)
+        return {}
+    finally:
+        client.close()
 
 
 def _context(instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
@@ -1305,11 +1374,17 @@ def _service(store: str | None, as_json: bool) -> Any:
 
 
 def _branch_context(service: Any, instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
-    """A context by name or by branch id (as the REST API takes it)."""
+    """A context by name or by branch id (as the REST API takes it). A branch id that ran in several
+    contexts (a loop back through its split) gives the open one, else the latest: stderr says which,
+    and names the others, so an audit of an earlier round does not read the latest one's unawares."""
     try:
         ctx: LayeredContext = service.context_of(instance, name)
     except LayerflowError as err:
         _governance_fail(err, as_json, instance=instance)
+    ran = service.branch_contexts(instance, name) if name is not None and name not in instance.contexts else []
+    if len(ran) > 1:
+        click.echo(f"layerflow: branch {name!r} ran in {len(ran)} contexts: {', '.join(ran)}; this is {ctx.name}"
+                   f"{', the latest' if ctx.name == ran[-1] else ''}; name another with --context in full", err=True)
     return ctx
 
 
@@ -1488,11 +1563,12 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     compressions = report["compress_status"]["compressions"]
     shown = [ctx] if context_name else list(instance.contexts.values())
     prompt_doc = _prompt_rows(instance, shown) if prompts else None
+    holder = held_by(service.engine.store, instance.id, instance.status)
 
     if as_json:
         doc = instance.to_document()  # the `run --json` fields, for this context
         layers = {name: values for name, values in ctx.as_dict().items() if name in shown_layers}
-        doc.update({"version": report["version"], "held_by": held_by(service.engine.store, instance.id, instance.status),
+        doc.update({"version": report["version"], "held_by": holder,
                     "context": ctx.name, "layers": layers,
                     "tokens": ctx.token_report(), "attention": report["attention"], "attention_check": check,
                     "layer_stats": {name: {**report["layers"][name], "entries": rows}
@@ -1505,23 +1581,40 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
         out.doc(doc)
         return
 
-    header = (f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}\n"
-              f"{_definition_line(instance.process.definition())}")
+    header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
+    status_rows = [*_inspect_status_rows(instance, _store_hint(store)), *([["held_by", holder]] if holder else []),
+                   ["definition", _definition_text(instance.process.definition())]]
     against = (f"thresholds of {activity}" if check["config"] == "activity"
                else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
     if out.tty:
-        _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx)
+        _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
     else:
-        _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx)
+        _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
 
 
-def _definition_line(definition: dict[str, Any]) -> str:
+def _inspect_status_rows(instance: Instance, at: str) -> list[list[str]]:
+    """What an operator acts on first, as records of inspect's listing: the error of a failed instance
+    (``error``, kind, task, message) and how to go on (``fix``), what a waiting one waits for
+    (``waiting``, kind, id, task, due), as `run` prints them (and ``held_by``, added by the caller)."""
+    rows: list[list[str]] = []
+    if instance.status == "error" and instance.error:
+        rows.append(["error", str(instance.error.get("kind")), str(instance.error.get("task_id") or "-"),
+                     terminal_text(str(instance.error.get("message")))])
+        fix = _fix_hint(instance, at)
+        if fix:
+            rows.append(["fix", fix])
+    for w in instance.to_document()["waiting_for"]:
+        rows.append(["waiting", str(w["kind"]), str(w["id"]), str(w.get("task_id") or ""), str(w.get("due") or "")])
+    return rows
+
+
+def _definition_text(definition: dict[str, Any]) -> str:
     """The definition an instance runs (``Process.definition``): the one it started with, and
     whether its files on disk still read so."""
     if definition["version"] is None:
-        return "definition: the one kept in its record (started before layerflow kept definition versions)"
+        return "the one kept in its record (started before layerflow kept definition versions)"
     files = definition["files"]
-    line = f"definition: version {definition['version']} ({', '.join(Path(f['path']).name for f in files)})"
+    line = f"version {definition['version']} ({', '.join(Path(f['path']).name for f in files)})"
     for state, what in (("changed", "changed on disk since it started"), ("gone", "gone from disk")):
         names = [Path(f["path"]).name for f in files if f["now"] == state]
         if names:
@@ -1571,9 +1664,10 @@ def _prompt_cells(r: dict[str, Any]) -> tuple[str, ...]:
 
 def _inspect_plain(header: str, report: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
                    check: dict[str, Any], against: str, compressions: list[dict[str, Any]],
-                   prompt_doc: dict[str, Any] | None, ctx: LayeredContext) -> None:
+                   prompt_doc: dict[str, Any] | None, ctx: LayeredContext, status_rows: list[list[str]]) -> None:
     """Tab-separated lines, one record each, for grep and cut (the value preview last)."""
-    lines = [header, "layer\tkey\ttokens\tpreserved\twritten_by\tvalue"]
+    lines = [header, *("\t".join(row).rstrip("\t") for row in status_rows),
+             "layer\tkey\ttokens\tpreserved\twritten_by\tvalue"]
     for name, rows in tables.items():
         for r in rows:
             lines.append(f"{name}\t{r['key']}\t{r['tokens']}\t{'preserved' if r['preserved'] else ''}\t"
@@ -1606,12 +1700,15 @@ def _inspect_plain(header: str, report: dict[str, Any], tables: dict[str, list[d
 
 def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
                   check: dict[str, Any], against: str, compressions: list[dict[str, Any]],
-                  prompt_doc: dict[str, Any] | None, ctx: LayeredContext) -> None:
+                  prompt_doc: dict[str, Any] | None, ctx: LayeredContext, status_rows: list[list[str]]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     console = out.console
     console.print(f"[bold]{escape(header)}[/]", highlight=False)
+    for row in status_rows:
+        console.print(f"[bold red]{row[0]}[/] {escape(' · '.join(cell for cell in row[1:] if cell))}",
+                      highlight=False)
     for name, rows in tables.items():
         stats = report["layers"][name]
         if not rows:
@@ -1679,10 +1776,13 @@ def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[s
               help="from this sequence number (each context numbers its own tape from 1)")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
               help="at most this many events, the first ones (as REST's tape?limit=)")
+@click.option("--offset", type=click.IntRange(min=0), default=0,
+              help="skip this many of the selected events (pages through several contexts; REST's tape?offset=)")
 @_store_option
 @_json_option
 def tape(instance_id: str, context_name: str | None, kind: str | None, activity: str | None, key: str | None,
-         branch: str | None, since: int | None, limit: int | None, store: str | None, as_json: bool) -> None:
+         branch: str | None, since: int | None, limit: int | None, offset: int, store: str | None,
+         as_json: bool) -> None:
     """The events of an instance's tape(s), filtered."""
     engine = _engine(store, None, _Out(as_json), as_json, create=False)
     instance = _acting_on(_load(engine, instance_id, as_json))
@@ -1691,8 +1791,10 @@ def tape(instance_id: str, context_name: str | None, kind: str | None, activity:
     else:
         names = list(instance.contexts)
     events = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
-                       limit=limit)
-    if not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
+                       limit=limit, offset=offset)
+    if not events and offset:
+        click.echo(f"layerflow: offset {offset} is past the end of the events the filters select", err=True)
+    elif not events:  # a typo in a filter, or filters that exclude each other: say which (REST: the note)
         miss, _ = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since)
         click.echo(f"layerflow: {miss}", err=True)
     if as_json:

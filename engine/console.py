@@ -83,10 +83,12 @@ def mount_console(app: FastAPI) -> None:
 
     @app.get("/api/instance-summaries", responses=route_responses("instance_summaries"), tags=tags, dependencies=auth)
     def instance_summaries(status: Annotated[Status | None, Query(description="only this status")] = None,
-                           limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[dict[str, Any]]:
+                           limit: Annotated[int, Query(ge=1, le=500)] = 100,
+                           process_id: Annotated[str | None, Query(description="only this process's")] = None,
+                           ) -> list[dict[str, Any]]:
         """The instances list, newest first: id, process, status, version, started, updated,
         what the instance waits for, total tokens of the main context, open conflicts, error."""
-        rows = service.list_instances(status)[:limit]
+        rows = service.list_instances(status, process_id=process_id)[:limit]
         out = []
         for row in rows:
             summary = summaries.get(service, row)

@@ -870,11 +870,14 @@ class SnapshotNotFound(ContextKeyError):
                 "recent_snapshots": self.recent}
 
 
-def instance_rows(store: Any, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
-    """The store's instances, newest first (of one ``status``, when given), each with ``instance_id`` as
-    ``run --json`` names it beside the store's ``id``: GET /api/instances and ``layerflow list --json``
-    alike. ``holders``: each with ``held_by`` (a lease lookup per row, so only for a listing someone reads)."""
-    rows = [{"instance_id": r["id"], **r} for r in store.list() if status is None or r.get("status") == status]
+def instance_rows(store: Any, status: str | None = None, *, holders: bool = False,
+                  process_id: str | None = None) -> list[dict[str, Any]]:
+    """The store's instances, newest first (of one ``status`` and one ``process_id``, when given), each
+    with ``instance_id`` as ``run --json`` names it beside the store's ``id``: GET /api/instances and
+    ``layerflow list --json`` alike. ``holders``: each with ``held_by`` (a lease lookup per row, so only
+    for a listing someone reads)."""
+    rows = [{"instance_id": r["id"], **r} for r in store.list()
+            if (status is None or r.get("status") == status) and (process_id is None or r.get("process_id") == process_id)]
     if holders:
         for r in rows:
             r["held_by"] = held_by(store, r["id"], r["status"])
@@ -942,12 +945,16 @@ class GovernanceService:
     def load(self, instance_id: str) -> Instance:
         return self.engine.load(instance_id)
 
-    def _save(self, instance: Instance) -> None:
-        self.engine.save(instance)
+    def _save(self, instance: Instance, *, refusal: bool = False) -> None:
+        self.engine.save(instance, refusal=refusal)
 
     @staticmethod
     def _check_version(instance: Instance, expected: int | None) -> None:
-        if expected is not None and expected != instance.version:
+        # a version that only refused requests followed (their notes on the tape) is current still:
+        # the client's own refused request must not make its corrected retry stale
+        since = instance.refusals_since
+        if expected is not None and expected != instance.version \
+                and not (since is not None and since <= expected <= instance.version):
             raise VersionConflict(f"instance {instance.id!r} is at version {instance.version}, the request expected "
                                   f"version {expected}; load it again (GET /api/instances/{instance.id}) and repeat "
                                   "the change against what you see")
@@ -975,9 +982,14 @@ class GovernanceService:
             fresh = self.load(instance_id)
             ctx = fresh.contexts.get(getattr(err, "context", None) or MAIN, fresh.main)
             ctx.record("governance_denied", actor=actor, data={"op": op, **err.to_dict()})
-            self._save(fresh)
+            self._save(fresh, refusal=True)
         except VersionConflict:
             pass  # someone saved meanwhile; the refusal itself still stands
+
+    @staticmethod
+    def branch_contexts(instance: Instance, name: str) -> list[str]:
+        """The contexts branch id ``name`` ran in, oldest first (one per pass of a loop through its split)."""
+        return [n for n, info in instance.branches.items() if info.get("branch_id") == name and n in instance.contexts]
 
     @staticmethod
     def context_of(instance: Instance, name: str | None) -> LayeredContext:
@@ -988,7 +1000,7 @@ class GovernanceService:
             return instance.main
         if name in instance.contexts:
             return instance.contexts[name]
-        matches = [n for n, info in instance.branches.items() if info.get("branch_id") == name and n in instance.contexts]
+        matches = GovernanceService.branch_contexts(instance, name)
         if matches:
             open_ = [n for n in matches if instance.branches[n].get("status") in ("open", "scope")]  # live ones
             if len(open_) > 1:
@@ -1087,10 +1099,11 @@ class GovernanceService:
             start_form = {"event_id": event_id, **forms.public_form(form)}
         return {**(entry or {"id": process_id}), "start_form": start_form}
 
-    def list_instances(self, status: str | None = None, *, holders: bool = False) -> list[dict[str, Any]]:
+    def list_instances(self, status: str | None = None, *, holders: bool = False,
+                       process_id: str | None = None) -> list[dict[str, Any]]:
         """Summaries, newest first; ``holders``: each with ``held_by`` (a lease lookup per row, so
         only for a listing someone reads)."""
-        return instance_rows(self.engine.store, status, holders=holders)
+        return instance_rows(self.engine.store, status, holders=holders, process_id=process_id)
 
     def document(self, instance_id: str) -> dict[str, Any]:
         """The instance's `run --json` document, plus its version and who holds its lease."""
@@ -1100,14 +1113,21 @@ class GovernanceService:
 
     def tape(self, instance_id: str, *, context: str | None = None, kind: str | None = None,
              activity: str | None = None, branch: str | None = None, key: str | None = None,
-             since: int | None = None, limit: int | None = None) -> dict[str, Any]:
+             since: int | None = None, limit: int | None = None, offset: int = 0) -> dict[str, Any]:
+        """The events the filters select, ``limit`` of them from the ``offset``-th on, with how many
+        they select in all (``total``) and where the next page starts (``next_offset``, None at the end)."""
         instance = self.load(instance_id)
         names = [self.context_of(instance, context).name] if context else list(instance.contexts)
-        rows = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
-                         limit=limit)
+        selected = tape_rows(instance, names, kind=kind, activity=activity, branch=branch, key=key, since=since,
+                             limit=None)
+        rows = selected[offset:][:limit]
+        end = offset + len(rows)
         doc = {"instance_id": instance.id, "version": instance.version, "count": len(rows),
-               "events": [event_document(name, e) for name, e in rows]}
-        if not rows:  # a typo in a filter, or filters that exclude each other: say which, as `layerflow tape` does
+               "events": [event_document(name, e) for name, e in rows],
+               "total": len(selected), "next_offset": end if end < len(selected) else None}
+        if selected and not rows:
+            doc["note"] = f"offset {offset} is past the end: the filters select {len(selected)} events (offsets 0..{len(selected) - 1})"
+        elif not rows:  # a typo in a filter, or filters that exclude each other: say which, as `layerflow tape` does
             doc["note"], listed = tape_miss(instance, names, kind=kind, activity=activity, branch=branch, key=key,
                                             since=since)
             doc.update(listed)
@@ -1825,9 +1845,11 @@ def no_key_or_branch(contexts: Iterable[LayeredContext], key: str | None,
 
 def tape_rows(instance: Instance, names: Iterable[str], *, kind: str | None, activity: str | None,
               branch: str | None, key: str | None, since: int | None,
-              limit: int | None) -> list[tuple[str, Event]]:
-    """The events of the contexts ``names`` that pass every filter, by time, at most ``limit``:
-    (context name, event) pairs, as ``layerflow tape`` and REST's tape list them."""
+              limit: int | None, offset: int = 0) -> list[tuple[str, Event]]:
+    """The events of the contexts ``names`` that pass every filter, by time, at most ``limit`` from the
+    ``offset``-th on: (context name, event) pairs, as ``layerflow tape`` and REST's tape list them.
+    ``offset`` pages through a listing of several contexts, where ``since`` (one context's numbering)
+    cannot: the order is the tapes' own, so a page's place stays put as the tapes grow."""
     wanted = kind_names(kind)
     rows: list[tuple[float, str, Event]] = []
     for name in names:
@@ -1837,7 +1859,7 @@ def tape_rows(instance: Instance, names: Iterable[str], *, kind: str | None, act
         rows.extend((e.time, name, e) for e in found
                     if (since is None or e.seq >= since) and (wanted is None or matches_kind(e, wanted)))
     rows.sort(key=lambda r: (r[0], r[2].seq))
-    return [(name, e) for _, name, e in rows[:limit]]
+    return [(name, e) for _, name, e in rows[offset:][:limit]]
 
 
 def tape_miss(instance: Instance, names: Iterable[str], *, kind: str | None, activity: str | None,
@@ -2007,6 +2029,10 @@ def _refuse_if_closed(instance: Instance, wanted: str | None) -> None:
     if not closed:
         return
     refuse_if_cancelled(instance, f"take an answer to confirmation {closed[-1]['id']!r}")
+    if closed[-1].get("closed_by") == "completion":
+        raise InstanceStateError(f"confirmation {closed[-1]['id']!r} of instance {instance.id} was closed unanswered "
+                                 "when the instance completed (no step waited for it); nothing reads an answer to "
+                                 "it any more, and a completed instance is not changed")
     raise InstanceStateError(f"confirmation {closed[-1]['id']!r} of instance {instance.id} was cancelled with its "
                              f"join {closed[-1].get('task_id')!r} (an interrupting event or a terminate end event "
                              "ended it); nothing reads an answer to it. `layerflow inspect` shows what the instance "

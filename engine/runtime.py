@@ -79,7 +79,7 @@ from context_layers.stores import StoreUnavailable
 from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
 from gateways.join import MERGED_CONFLICTS_KEY
-from gateways.policy import MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
+from gateways.policy import ESCALATE, MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 
 from .gateway_steps import (COUNTER_PREFIX, ENGINE_KEY_RULE, ENGINE_RECORD_PREFIXES, RETRIEVAL_PREFIX, GatewaySteps,
                             condition_context, is_engine_key, option_value, short)
@@ -88,7 +88,8 @@ from .answer import answer_problems
 from .handlers import REGISTRY, ActivityContext, BpmnError, Handler, HandlerRegistry, evaluate_expression, file_handlers, load_handler_reference, run_script, write_result
 from .knowledge import BM25Retriever, Hit, Retriever
 from .process import Process, config_file_changes, config_file_section_changes
-from .scope_steps import ABSENT, MI_OWNERS_KEY, ScopeSteps, close_cancelled, close_open_branches, no_output_item
+from .scope_steps import (ABSENT, MI_OWNERS_KEY, ScopeSteps, close_at_completion, close_cancelled, close_open_branches,
+                          no_output_item)
 from .store import READ_FORMATS, RECORD_FORMAT, InstanceRecords, InvalidRecord, JSONText, Store, json_text, open_store
 
 __all__ = ["Engine", "Instance", "RECORD_FORMAT", "STATUSES", "TimedOut", "Unattended"]
@@ -192,6 +193,10 @@ class Instance:
     suspended: dict[str, dict[str, Any]] = field(default_factory=dict)
     # {"by", "reason", "time", "status"} once cancelled (``Engine.cancel``); status: what it was before
     cancelled: dict[str, Any] | None = None
+    # the version before the saves since that only recorded refused requests (their notes on the tape,
+    # nothing else changed), None when the last save changed the instance: a client's expected_version
+    # from before those refusals is current still (``is_current``)
+    refusals_since: int | None = None
     # the store this instance lives in, when ``start(store=...)`` chose one other than the engine's
     store: Any = field(default=None, repr=False, compare=False)
     # what the last ``run`` wants its caller to know (an answer it did not give again); not saved
@@ -628,7 +633,7 @@ class Engine:
             rt.give_user_data(task, data, actor=actor)
         except LayerflowError:  # AnswerWriteDenied, or an answer that does not fit the task's form
             if instance.tape_length() != tape:
-                self._save(instance)  # the refusal is on the tape; the task still waits
+                self._save(instance, refusal=True)  # the refusal is on the tape; the task still waits
             raise
         instance.completed_user_task = {"id": str(task.id), "task_id": spiff.bpmn_id_of(task), **rt._instance_of(task)}
         instance.status = "running"
@@ -732,7 +737,7 @@ class Engine:
                            instance_id=instance.id, waiting_for=instance.waiting_for)
         except ContextWriteDenied:
             if instance.tape_length() != tape:
-                self._save(instance)  # the refusal is on the tape; nothing else changed
+                self._save(instance, refusal=True)  # the refusal is on the tape; nothing else changed
             raise
         instance.status = "running"
         self._save(instance)
@@ -995,12 +1000,18 @@ class Engine:
 
         return make_chooser(self.model, cfg)
 
-    def save(self, instance: Instance) -> None:
+    def save(self, instance: Instance, *, refusal: bool = False) -> None:
         """Save the instance with the version it was loaded with (``VersionConflict`` when stale).
-        Inside ``all_or_nothing`` the save waits for the end of the request."""
+        Inside ``all_or_nothing`` the save waits for the end of the request. ``refusal``: the save
+        only records a refused request (its note on the tape): a client's version from before it
+        stays current (``Instance.refusals_since``)."""
         if instance.held is not None:
             instance.held.pending = True
             return
+        if not refusal:
+            instance.refusals_since = None
+        elif instance.refusals_since is None:
+            instance.refusals_since = instance.version
         instance.updated = instance.clock()
         store_of = self._store_of(instance)
         try:
@@ -1065,7 +1076,7 @@ class Engine:
         except LayerflowError:
             if instance.tape_length() != tape:
                 try:
-                    self._save(instance)
+                    self._save(instance, refusal=True)
                 except (VersionConflict, StoreUnavailable):
                     self._put_back(instance, record)  # the refusal stands; its note could not be kept
             return
@@ -1488,10 +1499,19 @@ def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] |
     # the joins whose branches met: one that has not may still ask (the instance stopped before it)
     joined = {b.get("join") for b in instance.branches.values() if b.get("status") == "joined"}
     notices = []
+    waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
     for key in keys:
         if key in known:
+            answered = _answered_otherwise(instance, key, answers["confirmations"][key])
+            if answered is not None:  # kept for a round of the join's loop that this run did not reach
+                by = f" by {answered['answered_by']}" if answered.get("answered_by") else ""
+                settle = (SETTLE_FAILED_JOIN if answered.get("answer") == ESCALATE
+                          else "`resume --set` (REST: inject) corrects the value after the join")
+                notices.append(f"answer {key!r} was not used: confirmation {answered['id']!r} of instance "
+                               f"{instance.id} was answered {json.dumps(answered.get('answer'))}{by} already and "
+                               f"this run did not reach its join again (the instance is {instance.status}, waiting "
+                               f"for: {waiting}); an answer is final: {settle}")
             continue
-        waiting = ", ".join(sorted(str(w["id"]) for w in instance.waiting_for if w.get("id"))) or "nothing"
         gateway, _, context_key = key.partition("/")
         asked = sorted({str(c["key"]) for c in instance.confirmations
                         if c.get("gateway_id") == gateway and c.get("key") is not None})
@@ -1817,6 +1837,16 @@ def may_ask_again(instance: Instance, entry: Mapping[str, Any]) -> bool:
             seen.add(id(spec))
             todo.extend(spec.outputs)
     return False
+
+
+def _answered_otherwise(instance: Instance, key: str, value: Any) -> dict[str, Any] | None:
+    """The confirmation ``key`` names (its id, or GATEWAY/KEY) when it was answered with another value
+    than ``value`` and no question of that key is open: an answer that nothing used."""
+    named = [c for c in instance.confirmations if key in (c.get("id"), f"{c.get('gateway_id')}/{c.get('key')}")]
+    if not named or any(not c.get("answered") for c in named):
+        return None
+    last = named[-1]
+    return None if last.get("cancelled") or _same_answer(last, value) else last
 
 
 def _same_answer(entry: Mapping[str, Any], value: Any) -> bool:
@@ -2229,6 +2259,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if wf.is_completed():
             inst.status = "completed"
             inst.waiting_for = []
+            close_at_completion(inst)
             return
         waiting: list[dict[str, Any]] = []
         for c in inst.confirmations:
@@ -2892,6 +2923,10 @@ class _Runtime(ScopeSteps, GatewaySteps):
                                   redact=self.process.redact_for(bpmn_id))
                   if self.engine.compress else None)
         if record is not None:
+            slips = _folded_preserve_slips(ctx, record)
+            if slips:  # a misspelt preserveKeys entry let the compression fold the key it was meant for
+                record["notes"] = [*(record.get("notes") or []), *slips]
+                self.instance.notices.extend(f"the compression after {bpmn_id!r}: {slip}" for slip in slips)
             self.instance.compressions.append(record)
         if self.engine.progress is not None:
             self.engine.progress(self.instance, bpmn_id, ctx)
@@ -3498,6 +3533,14 @@ def _misspelt_preserved(ctx: LayeredContext, name: str) -> str:
             f"write {name!r} there instead)")
 
 
+def _folded_preserve_slips(ctx: LayeredContext, record: Mapping[str, Any]) -> list[str]:
+    """A key a compression folded or dropped that reads like a ``preserveKeys`` entry no layer holds:
+    the entry was meant for it, misspelt, and its value is gone from the context without a word."""
+    gone = [*(record.get("folded") or []), *(record.get("dropped") or [])]
+    return [f"it folded {name!r}{hint}" for name in dict.fromkeys(gone) if isinstance(name, str)
+            for hint in [_misspelt_preserved(ctx, name)] if hint]
+
+
 def _start_data(ctx: LayeredContext | None, err: BaseException, others: Iterable[LayeredContext]) -> str:
     """Why a PROCESS key an activity tried to change is there, when it came with the instance's
     start data (a counter or status the process updates, passed in with --data): where to map it."""
@@ -3667,6 +3710,7 @@ def to_record(instance: Instance) -> dict[str, Any]:
             "activities": instance.activities,
             "suspended": instance.suspended,
             "cancelled": instance.cancelled,
+            **({"refusals_since": instance.refusals_since} if instance.refusals_since is not None else {}),
         }),
         "process": _process_part(instance),
         "workflow": workflow,
@@ -3811,7 +3855,7 @@ def _from_record(engine: Engine, record: Mapping[str, Any]) -> Instance:
         version=int(record["version"]), created=float(record.get("created", clock.floor)),
         updated=float(record.get("updated", clock.floor)), error_task=eng.get("error_task"),
         activities=int(eng.get("activities", 0)), suspended=dict(eng.get("suspended", {})),
-        cancelled=eng.get("cancelled"), clock=clock,
+        cancelled=eng.get("cancelled"), refusals_since=eng.get("refusals_since"), clock=clock,
     )
     _Runtime(engine, instance)
     return instance

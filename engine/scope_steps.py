@@ -140,6 +140,23 @@ def close_cancelled(instance: Instance, confirmation: dict[str, Any]) -> None:
             conflict["cancelled"] = True
 
 
+def close_at_completion(instance: Instance) -> None:
+    """Close the questions still open as the instance completes: a ``human_confirm`` an operator's
+    governance model asked outside any activity (REST ``tools/human_confirm``), which no step waits
+    for, so the process ran to its end without it. Nothing reads an answer any more: each is closed
+    as ``cancelled`` with ``closed_by: "completion"``, a ``confirmation_closed`` note on the tape of
+    its context, so the pending lists drop it and a late answer is refused (409), not recorded on a
+    finished instance."""
+    for c in instance.confirmations:
+        if c.get("answered"):
+            continue
+        close_cancelled(instance, c)
+        c["closed_by"] = "completion"
+        ctx = instance.contexts.get(str(c.get("context") or "main"), instance.main)
+        ctx.record("confirmation_closed", actor="engine", data={
+            "confirmation_id": c["id"], "reason": "the instance completed before anyone answered it"})
+
+
 def close_open_branches(instance: Instance, actor: str) -> list[str]:
     """Close, as ``cancelled``, the contexts of a cancelled instance that a join or the end of a
     sub-process would still have merged (a split's open branches, a scope, a boundary path, a running

@@ -218,7 +218,7 @@ class LiveGovernance(GovernanceService):
                                   f"not {instance_id!r}")
         return self.instance
 
-    def _save(self, instance: Instance) -> None:
+    def _save(self, instance: Instance, *, refusal: bool = False) -> None:
         pass  # the engine saves the running instance after the activity
 
     @contextmanager

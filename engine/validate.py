@@ -104,6 +104,9 @@ not make ``report.ok`` false:
                                       written for Camunda (JUEL ``${...}``, FEEL ``=...``) says what to write
 ``policy_key_never_written`` W        a join's ``conflictPolicy`` rule or ranking for a key nothing in the
                                       process writes (a misspelt key: the nearest known one is named)
+``preserve_key_never_written`` W     a ``preserveKeys`` entry for a key nothing in the process writes, close to
+                                      one it does (a misspelt key, the nearest named: it keeps nothing, and
+                                      the key it was meant for is folded)
 ``policy_rule_expression``            a join's ``conflictPolicy`` rule whose ``when`` is no expression the
                                       policy can evaluate (a syntax error, a call or name outside the safe
                                       subset): the join would stop the instance with it
@@ -638,6 +641,7 @@ class _Validator:
         self._check_model_limits(config)
         self._check_policy_rules()
         self._check_policy_keys(config)
+        self._check_preserve_keys(config)
         self._check_confirm_defaults()
         self._check_join_fields()
         self._check_scope_fields()
@@ -2579,14 +2583,20 @@ class _Validator:
             self._setters = text if text is not None else ""
         return self._setters or None
 
-    def _setter_text(self, *, configs: bool) -> str | None:
+    def _open_ended_writers(self) -> bool:
+        """A handler, a model with no output keys or a formless task (a person's answer: any key) may
+        write keys that no text of the process names."""
+        return any(src.config.handler or (src.config.llm is not None and not src.config.llm.output_keys
+                                          and not src.config.llm.output_schema) for src in self.sources) \
+            or any(_formless_task(el) for doc in self.docs if doc.root is not None
+                   for tag in ("userTask", "manualTask") for el in doc.root.iter(_bpmn(tag)))
+
+    def _setter_text(self, *, configs: bool, open_ended: bool = False) -> str | None:
         """``_condition_names_set``'s text, with the config files' text or without it (None: a handler,
-        a model with no output keys or a formless task writes keys not known here)."""
-        if any(src.config.handler or (src.config.llm is not None and not src.config.llm.output_keys
-                                      and not src.config.llm.output_schema) for src in self.sources) \
-                or any(_formless_task(el) for doc in self.docs if doc.root is not None
-                       for tag in ("userTask", "manualTask") for el in doc.root.iter(_bpmn(tag))):
-            return None  # a person's answer to a task with no form: any key
+        a model with no output keys or a formless task writes keys not known here; with ``open_ended``
+        the text all the same, the handler files that the configs name in it)."""
+        if self._open_ended_writers() and not open_ended:
+            return None
         reads = {"conditionExpression", "condition", "completionCondition", "loopCardinality", "loopCondition",
                  "documentation", "text"}
         parts: list[str] = []
@@ -2608,6 +2618,8 @@ class _Validator:
             named = {v for el in doc.root.iter() if isinstance(el.tag, str)
                      for v in [*el.attrib.values(), (el.text or "").strip()] if v and len(v) < 200}
             files.update(beside / v for v in named if "/" not in v and (beside / v).is_file())
+        if open_ended:
+            files.update(self._handler_files())
         for path in files:
             try:
                 parts.append(Path(path).read_text(errors="replace"))
@@ -2615,18 +2627,22 @@ class _Validator:
                 continue
         return "\n".join(parts) or " "
 
-    def _check_policy_keys(self, config: ProcessConfigFile | None) -> None:
-        """A join's ``conflictPolicy`` rule (or ranking) for a key nothing in the process writes never
-        applies: most likely a misspelt key. Only a warning: the key may come from outside (the start
-        data, a message's payload, an inject). What writes keys here: the BPMN's scripts, forms, mappings
-        and decisions (``_setter_text`` without the config files, which name the rule's key themselves),
-        and of the configs the models' outputKeys and outputSchema properties, contextInject, SYSTEM and
-        the data layers' keys. Nothing is reported when a handler writes keys not known here."""
-        if not any(src.config.conflict_policy is not None for src in self.sources):
-            return
-        text = self._setter_text(configs=False)
-        if text is None:
-            return
+    def _handler_files(self) -> set[Path]:
+        """The ``file.py`` handler files the configs name (relative to the process folder)."""
+        base = self.paths[0].resolve().parent if self.paths else Path.cwd()
+        refs = (src.config.handler.rpartition(":")[0] for src in self.sources if isinstance(src.config.handler, str))
+        return {path if path.is_absolute() else base / path for path in map(Path, refs) if path.suffix == ".py"}
+
+    def _unwritten_key(self, config: ProcessConfigFile | None) -> Callable[..., str | None]:
+        """For a key a config names (a policy's, a preserveKeys entry): None when something in the process
+        may write it, else the "did you mean" hint (maybe empty) of a key nothing writes; with ``near_only``
+        (and always when handlers may write any key) None too unless a written key is close to it. What writes keys:
+        the BPMN's scripts, forms, mappings and decisions (without the config files, which name the key
+        themselves), and of the configs the models' outputKeys and outputSchema properties, contextInject,
+        SYSTEM and the data layers' keys; when a handler (or a formless task, a model with no output keys)
+        may write keys, the handler files' text too."""
+        open_ended = self._open_ended_writers()
+        text = self._setter_text(configs=False, open_ended=open_ended) or " "
         known: set[str] = set(config.system) | set(config.data_layers) if config is not None else set()
         for src in self.sources:
             cfg = src.config
@@ -2638,9 +2654,24 @@ class _Validator:
                 known.update(branch.context_inject)
         words = set(re.findall(r"[A-Za-z_][\w.-]*", text)) | known
 
-        def written(key: str) -> bool:
-            return key in known or re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", text) is not None
+        def unwritten(key: str, *, near_only: bool = False) -> str | None:
+            if key in known or key.startswith("_") or re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", text):
+                return None
+            if not (open_ended or near_only):
+                return _did_you_mean(key, words - {key})
+            # a misspelling only: close to a key the process writes (not an element id sharing a word)
+            near = difflib.get_close_matches(key, words - {key}, n=3, cutoff=0.8)
+            return _did_you_mean(key, near) if near else None
 
+        return unwritten
+
+    def _check_policy_keys(self, config: ProcessConfigFile | None) -> None:
+        """A join's ``conflictPolicy`` rule (or ranking) for a key nothing in the process writes never
+        applies: most likely a misspelt key. Only a warning: the key may come from outside (the start
+        data, a message's payload, an inject)."""
+        if not any(src.config.conflict_policy is not None for src in self.sources):
+            return
+        unwritten = self._unwritten_key(config)
         for src in self.sources:
             policy = src.config.conflict_policy
             if policy is None:
@@ -2649,15 +2680,37 @@ class _Validator:
                 (f"rule {i}", ("conflictPolicy", "rules", i, "key"), rule.key) for i, rule in enumerate(policy.rules)]
             found += [(f"ranking {key!r}", ("conflictPolicy", "rankings", key), key) for key in policy.rankings]
             for what, path, key in found:
-                if written(key) or key.startswith("_"):
+                hint = unwritten(key)
+                if hint is None:
                     continue
                 self.add("policy_key_never_written",
                          f"conflictPolicy {what} of join {src.element_id!r} is for key {key!r}, which nothing in the "
                          "process writes (no script, form field, data mapping, decision, model outputKeys or "
-                         f"contextInject names it){_did_you_mean(key, words - {key})}: it settles a conflict on "
+                         f"contextInject names it){hint}: it settles a conflict on "
                          f"{key!r} only, and none can arise unless {key!r} comes from outside (the start data, "
                          "--data, a message's payload); check its spelling", file=src.file,
                          line=src.line_of(*path), element_id=src.element_id, field=".".join(map(str, path)),
+                         severity="warning")
+
+    def _check_preserve_keys(self, config: ProcessConfigFile | None) -> None:
+        """A ``preserveKeys`` entry for a key nothing in the process writes keeps nothing, while the key it
+        was meant for (misspelt) is folded by the compressions like any other: its value is lost from the
+        context without a word. Only an entry close to a key the process writes is named (a warning): a key
+        nothing here names is start data (``--data``) as often as not."""
+        if not any(src.config.effective_preserve_keys for src in self.sources):
+            return
+        unwritten = self._unwritten_key(config)
+        for src in self.sources:
+            for key in src.config.effective_preserve_keys:
+                hint = unwritten(key, near_only=True)  # a key nothing here names: start data, preserved as it comes
+                if hint is None:
+                    continue
+                self.add("preserve_key_never_written",
+                         f"preserveKeys of {src.element_id!r} name {key!r}, which nothing in the process writes (no "
+                         "script, form field, data mapping, decision, handler file, model outputKeys or contextInject "
+                         f"names it){hint}: it keeps nothing, and the key it was meant for is folded by the "
+                         "compressions like any other; check its spelling", file=src.file,
+                         line=src.line_of("preserveKeys"), element_id=src.element_id, field="preserveKeys",
                          severity="warning")
 
     def _called_elsewhere(self, call: Any) -> str:

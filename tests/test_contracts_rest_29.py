@@ -160,13 +160,13 @@ def _earning(i: Instances) -> dict[tuple[str, str], dict[int, Ask]]:
         ("post", f"{gov}/branch-evaluate"): {
             404: (f"{gov}/branch-evaluate", {"instance_id": i.join, "branch_id": "nobranch", "required_keys": ["k"]}),
             422: (f"{gov}/branch-evaluate", {"instance_id": i.join})},
-        ("get", f"{gov}/tools"): {},
+        ("get", f"{gov}/tools"): {422: (f"{gov}/tools?name=context_inspect", None)},  # it takes no query
         ("post", f"{gov}/tools/{{name}}"): {
             400: (f"{gov}/tools/context_inspect", {"instance_id": i.wait, "arguments": {}, "layers": ["L3"]}),
             404: (f"{gov}/tools/context_ask", {"instance_id": i.wait, "arguments": {}}),
             409: (f"{gov}/tools/context_compress", {"instance_id": i.join, "arguments": {"action": "compress"}}),
             422: (f"{gov}/tools/context_inspect", {"instance_id": i.wait, "arguments": {"layers": ["L9"]}})},
-        ("get", "/api/processes"): {},
+        ("get", "/api/processes"): {422: ("/api/processes?process_id=loan", None)},
         ("get", "/api/processes/{process_id}"): {404: ("/api/processes/nope", None),
                                                  422: ("/api/processes/broken29", None)},
         ("get", "/api/instances"): {422: ("/api/instances?status=done", None)},

@@ -199,7 +199,8 @@ def test_a_tape_filter_no_event_matches_says_what_the_tape_has(server: str, open
     ("post", f"{GOV}/inject", "InjectResult", {"instance_id", "version", "context", "written", "tape_seq"}),
     ("post", f"{GOV}/snapshot", "SnapshotResult", {"instance_id", "version", "context", "snapshot_id", "seq",
                                                     "label", "layers"}),
-    ("get", "/api/instances/{instance_id}/tape", "TapeDocument", {"instance_id", "version", "count", "events"}),
+    ("get", "/api/instances/{instance_id}/tape", "TapeDocument", {"instance_id", "version", "count", "events",
+                                                                      "total", "next_offset"}),  # round 48: pages
 ])
 def test_the_governance_answers_declare_their_fields(openapi: dict[str, Any], method: str, path: str, schema: str,
                                                      fields: set[str]) -> None:

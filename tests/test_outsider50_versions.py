@@ -207,7 +207,7 @@ def test_inspect_and_resume_say_which_definition_an_instance_runs(v1: Path, stor
     assert now["version"] == started["version"] and now["on_disk"] == "changed"
     assert {Path(f["path"]).name: f["now"] for f in now["files"]} == {"po50.bpmn": "changed", "po50.layerflow.yaml": "same"}
     text = CliRunner().invoke(main, ["inspect", ids["manual"], "--store", store]).stdout
-    assert f"definition: version {started['version']}" in text and "po50.bpmn changed on disk since it started" in text
+    assert f"definition\tversion {started['version']}" in text and "po50.bpmn changed on disk since it started" in text
     out = CliRunner().invoke(main, ["resume", ids["manual"], "--answer", 'manager_approval={"approved": true}',
                                     "--store", store, "--json"])
     done = json.loads(out.stdout)

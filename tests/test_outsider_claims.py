@@ -913,15 +913,16 @@ def test_model_tools_take_the_seed_arguments(server: httpx.Client) -> None:
     assert asked.status_code == 200, asked.text
     asked_id = find_field(asked.json(), "id") or find_field(asked.json(), "confirmation_id")
     assert isinstance(asked_id, str), asked.text
+    # answered while the instance runs: once it completes, the question is closed (round 48)
+    answered = server.post(f"/api/confirmations/{asked_id}",
+                           json={"value": "covered", "instance_id": instance})
+    assert answered.status_code == 200, answered.text
     resolved = server.post("/api/context-governance/tools/context_branch", json={
         "instance_id": instance, "arguments": {
             "action": "resolve_conflict", "conflict_key": "claim_status",
             "resolution": "covered", "reason": "coverage first, fraud follow-up later"}})
     assert resolved.status_code == 200, resolved.text
     assert resolve(server.get(f"/api/instances/{instance}").json(), "claim_status") == "covered"
-    answered = server.post(f"/api/confirmations/{asked_id}",
-                           json={"value": "covered", "instance_id": instance})
-    assert answered.status_code == 200, answered.text
     assert server.get(f"/api/instances/{instance}").json()["status"] == "completed"
     bad = server.post("/api/context-governance/tools/context_compress", json={
         "instance_id": instance, "arguments": {"action": "squash"}})

@@ -214,9 +214,9 @@ class _CheckingRecords(InstanceRecords):
 class _Engine(Engine):
     current: Any = None
 
-    def save(self, instance: Any) -> None:
+    def save(self, instance: Any, **kw: Any) -> None:
         self.current = instance
-        super().save(instance)
+        super().save(instance, **kw)
 
     _save = save
 

@@ -48,13 +48,13 @@ class _CheckingEngine(Engine):
 
     saves = 0
 
-    def save(self, instance: Any) -> None:
+    def save(self, instance: Any, **kw: Any) -> None:
         wf = instance.workflow
         ours = spiff.serialize_json(wf)
         assert json.loads(ours) == json.loads(spiff.SERIALIZER.serialize_json(wf))
         assert json.loads(spiff.SERIALIZER.serialize_json(spiff.SERIALIZER.deserialize_json(ours))) == json.loads(ours)
         type(self).saves += 1
-        super().save(instance)
+        super().save(instance, **kw)
 
     _save = save
 
