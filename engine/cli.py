@@ -804,7 +804,19 @@ def _answers_naming_nothing(target: Any, answers: Mapping[str, Any], keys: Itera
         _fail(f"--answer {', '.join(map(repr, unknown))}: names no user task of process {process.id!r} and nothing "
               f"its instance waits for, so no step would ever take it; answer a user task by its BPMN id "
               f"({', '.join(tasks) or 'the process has none'}) or its waiting_for id, a join's conflict by "
-              f"GATEWAY_ID/CONTEXT_KEY, any other confirmation by its id or *", as_json=as_json)
+              f"GATEWAY_ID/CONTEXT_KEY, any other confirmation by its id or *{_changed_definition_hint(target)}",
+              as_json=as_json)
+
+
+def _changed_definition_hint(target: Any) -> str:
+    """For an instance whose files changed since it started: the ids it knows are its own version's."""
+    if target is getattr(target, "process", target):
+        return ""
+    definition = target.process.definition()
+    if definition["on_disk"] != "changed":
+        return ""
+    return (f" (instance {target.id} runs the definition it started with, version {definition['version']}; its "
+            "files changed since, so an id the file has now may not be one of its own)")
 
 
 def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:

@@ -208,6 +208,10 @@ def test_inspect_and_resume_say_which_definition_an_instance_runs(v1: Path, stor
     assert {Path(f["path"]).name: f["now"] for f in now["files"]} == {"po50.bpmn": "changed", "po50.layerflow.yaml": "same"}
     text = CliRunner().invoke(main, ["inspect", ids["manual"], "--store", store]).stdout
     assert f"definition\tversion {started['version']}" in text and "po50.bpmn changed on disk since it started" in text
+    renamed = CliRunner().invoke(main, ["resume", ids["manual"], "--answer", 'mgr_approval={"approved": true}',
+                                        "--store", store])
+    assert renamed.exit_code == 2 and "(manager_approval)" in renamed.stderr
+    assert f"runs the definition it started with, version {started['version']}" in renamed.stderr.replace("\n", " ")
     out = CliRunner().invoke(main, ["resume", ids["manual"], "--answer", 'manager_approval={"approved": true}',
                                     "--store", store, "--json"])
     done = json.loads(out.stdout)
