@@ -190,6 +190,8 @@ def test_rest_new_starts_take_an_edited_config_file_and_waiting_ones_are_told(v1
         shown = local_http.get(f"{base}/api/instances/{waiting['instance_id']}", headers=headers).json()
         assert shown["definition"]["version"] == waiting["definition"]["version"]
         assert shown["definition"]["on_disk"] == "changed"
+        svg = local_http.get(f"{base}/api/instances/{waiting['instance_id']}/diagram.svg", headers=headers).text
+        assert f"the instance runs version {waiting['definition']['version']}" in svg
         notices = " ".join(done["notices"])
         assert "conflictPolicy.rules[0].confirm True -> False" in notices, notices
         assert "approval_limit 5000 -> 9000" in notices
