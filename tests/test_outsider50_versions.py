@@ -7,7 +7,7 @@ person on a conflict; a one-hour timer (hold -> release_hold); the message suppl
 waiting at each place, then v2 is deployed the ways a user would (the BPMN edited in place, the
 file gone or broken, only the config file edited, a handler file gone) and they are resumed.
 
-The rule checked (README, "Configuring activities" and "Versions of a process"): an instance
+The rule checked (README, "Changing a process while instances run"): an instance
 continues on the definition it started with (its BPMN and config travel in its record), as in
 Camunda/Zeebe, and is told so when the files changed; new instances take the files as they are.
 """
