@@ -85,6 +85,7 @@ __all__ = [
     "LiteLLMArbiter",
     "LiteLLMPlanner",
     "LiteLLMSummarizer",
+    "MAX_TOOL_ARGUMENT_CHARS",
     "MAX_TOOL_TURNS",
     "MODEL_LIMITS_KEY",
     "ModelCallFailed",
@@ -246,8 +247,25 @@ class Reply:
         """The reply as an ``llm_call`` note keeps it."""
         out: dict[str, Any] = {"content": self.content, "finish_reason": self.finish_reason, "id": self.response_id}
         if self.tool_calls:
-            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+            out["tool_calls"] = [kept_call(c) for c in self.tool_calls]
         return out
+
+
+# the longest arguments text a tool call may send; a longer one is refused unread (``engine.tools``)
+MAX_TOOL_ARGUMENT_CHARS = 64_000
+
+
+def kept_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool call as the conversation sent back and the tape keep it: arguments over
+    ``MAX_TOOL_ARGUMENT_CHARS`` (refused unread) are replaced by a JSON note of their size, so a
+    runaway call's megabytes are neither sent again with every later turn nor kept twice on the tape
+    (its ``tool_call`` note keeps their head)."""
+    arguments = call["function"]["arguments"]
+    if len(arguments) <= MAX_TOOL_ARGUMENT_CHARS:
+        return dict(call)
+    note = json.dumps({"refused": f"{len(arguments)} characters of arguments, over the {MAX_TOOL_ARGUMENT_CHARS} "
+                                  "a tool call takes"})
+    return {**call, "function": {**call["function"], "arguments": note}}
 
 
 def _field(obj: Any, name: str) -> Any:
@@ -295,6 +313,16 @@ def _tool_calls(message: Any) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
+def _reported_usage(usage: Any) -> dict[str, Any] | None:
+    """The token usage the provider reported; None when it reported none. litellm fills a reply
+    without ``usage`` with zeros (and prices it at 0.0), but no request is billed 0 prompt tokens:
+    the tape says "not reported" rather than a usage and a cost that never were."""
+    if not isinstance(usage, dict):
+        return None
+    counts = [usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")]
+    return None if not any(isinstance(c, (int, float)) and c > 0 for c in counts) else usage
+
+
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
@@ -320,15 +348,15 @@ def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Map
     choices = _field(response, "choices") or []
     message = _field(choices[0], "message") if choices else None
     content = _field(message, "content") if message is not None else None
-    usage = _plain(_field(response, "usage"))
+    usage = _reported_usage(_plain(_field(response, "usage")))
     text = content if isinstance(content, str) else None
     problem = text_problem(text) if text is not None else None
     if text is not None and problem is not None:
         text = _SURROGATES.sub("\ufffd", text)
     return Reply(content=text, problem=problem,
                  finish_reason=_field(choices[0], "finish_reason") if choices else None,
-                 response_id=_field(response, "id"), usage=usage if isinstance(usage, dict) else None,
-                 cost=_cost(response), latency_ms=latency,
+                 response_id=_field(response, "id"), usage=usage,
+                 cost=_cost(response) if usage is not None else None, latency_ms=latency,
                  tool_calls=_tool_calls(message) if message is not None else ())
 
 
@@ -380,8 +408,12 @@ def _retry_after_seconds(exc: BaseException) -> float | None:
 
 def _error_dict(exc: BaseException) -> dict[str, Any]:
     text = str(exc)
-    return {"type": type(exc).__name__, "message": text if len(text) <= 500 else text[:500] + "...",
-            "status_code": getattr(exc, "status_code", None), "transient": is_transient(exc)}
+    out = {"type": type(exc).__name__, "message": text if len(text) <= 500 else text[:500] + "...",
+           "status_code": getattr(exc, "status_code", None), "transient": is_transient(exc)}
+    wait = _retry_after_seconds(exc)
+    if wait is not None:  # the server's word on when to come back: why the next attempt came when it did
+        out["retry_after"] = wait
+    return out
 
 
 def _describe(exc: BaseException | None) -> str:
@@ -921,7 +953,7 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         if not isinstance(result, Reply):
             _write_answer(ctx, {k: v for k, v in result.items() if k not in scoped}, who)
             return ToolOutcome(answer=dict(result))
-        turn: dict[str, Any] = {"role": "assistant", "tool_calls": [dict(c) for c in result.tool_calls]}
+        turn: dict[str, Any] = {"role": "assistant", "tool_calls": [kept_call(c) for c in result.tool_calls]}
         if result.content is not None:  # no content key at all otherwise: litellm leaves a None out
             turn["content"] = result.content
         history = [*history, turn]

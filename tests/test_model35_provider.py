@@ -218,9 +218,14 @@ BAD_CALLS = [
      "target_layers"),
     ("engine key", ("context_branch", {"action": "resolve_conflict", "conflict_key": "_mergedConflicts",
                                        "resolution": [], "reason": "clean up"}), None, "_mergedConflicts"),
-    ("huge confirm", ("human_confirm", {"message": "x" * 300_000, "options": [{"label": "yes", "value": "y"}]}),
+    ("long confirm", ("human_confirm", {"message": "x" * 30_000, "options": [{"label": "yes", "value": "y"}]}),
      "validation_error", "message"),
-    ("huge label", ("context_branch", {"action": "snapshot", "label": "x" * 300_000}), "validation_error", "label"),
+    ("many options", ("human_confirm", {"message": "Pay?", "options": [{"label": f"o{n}", "value": n}
+                                                                       for n in range(500)]}),
+     "validation_error", "options"),
+    ("long label", ("context_branch", {"action": "snapshot", "label": "x" * 600}), "validation_error", "label"),
+    ("huge arguments", ("context_branch", {"action": "snapshot", "label": "x" * 300_000}), "validation_error",
+     "300035 characters"),
 ]
 
 
