@@ -192,6 +192,16 @@ class Endpoint:
     def where(self) -> str:
         return self.api_base or "the provider's default endpoint"
 
+    def masked(self, text: str) -> str:
+        """``text`` without the API key: a provider or proxy may quote the key it refused in its error,
+        which would reach the instance's error, the tape and the logs."""
+        return mask_secret(text, self.api_key)
+
+
+def mask_secret(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` (an API key) replaced by ``***``."""
+    return text.replace(secret, "***") if secret and len(secret) >= 8 else text
+
 
 class CutOffAnswer(AnswerError):
     """A reply the provider cut at the answer's token limit (``finish_reason: "length"``) that is not
@@ -200,6 +210,15 @@ class CutOffAnswer(AnswerError):
     def __init__(self, err: AnswerError, limit: int | None) -> None:
         self.limit = limit
         super().__init__([_cut_off(limit, "; ".join(err.problems))], text=err.text)
+
+
+class FilteredAnswer(AnswerError):
+    """A reply the provider's content filter withheld (``finish_reason: "content_filter"``): no stronger
+    model or tighter schema helps; what the step sends is what the provider refused."""
+
+    def __init__(self, err: AnswerError) -> None:
+        super().__init__([f'the provider\'s content filter withheld the reply (finish_reason "content_filter"; '
+                          f'{"; ".join(err.problems)})'], text=err.text)
 
 
 def _cut_off(limit: int | None, problem: str) -> str:
@@ -304,10 +323,17 @@ def _cost(response: Any) -> float | None:
 def _tool_calls(message: Any) -> tuple[dict[str, Any], ...]:
     """The reply's tool calls as plain OpenAI dicts (litellm gives objects)."""
     out: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for call in _field(message, "tool_calls") or ():
         fn = _field(call, "function")
         arguments = _field(fn, "arguments")
-        out.append({"id": str(_field(call, "id") or f"call_{len(out)}"), "type": "function",
+        cid = str(_field(call, "id") or f"call_{len(out)}")
+        if cid in seen:
+            # a provider that gives two calls of one reply the same id: each result must go back to its
+            # own call (two questions to a person would each get the other's answer)
+            cid = next(f"{cid}_{n}" for n in range(2, len(out) + 3) if f"{cid}_{n}" not in seen)
+        seen.add(cid)
+        out.append({"id": cid, "type": "function",
                     "function": {"name": str(_field(fn, "name") or ""),
                                  "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {})}})
     return tuple(out)
@@ -406,8 +432,8 @@ def _retry_after_seconds(exc: BaseException) -> float | None:
         return None  # a header that says nothing usable: the backoff decides
 
 
-def _error_dict(exc: BaseException) -> dict[str, Any]:
-    text = str(exc)
+def _error_dict(exc: BaseException, endpoint: Endpoint) -> dict[str, Any]:
+    text = endpoint.masked(str(exc))
     out = {"type": type(exc).__name__, "message": text if len(text) <= 500 else text[:500] + "...",
            "status_code": getattr(exc, "status_code", None), "transient": is_transient(exc)}
     wait = _retry_after_seconds(exc)
@@ -416,10 +442,10 @@ def _error_dict(exc: BaseException) -> dict[str, Any]:
     return out
 
 
-def _describe(exc: BaseException | None) -> str:
+def _describe(exc: BaseException | None, endpoint: Endpoint) -> str:
     if exc is None:
         return "no error recorded"
-    text = " ".join(str(exc).split())
+    text = " ".join(endpoint.masked(str(exc)).split())
     return f"{type(exc).__name__}: {text[:300]}"
 
 
@@ -443,6 +469,9 @@ def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str 
         limit = f"its {exc.limit} tokens" if exc.limit else "the model's own limit (no max_tokens was sent)"
         return (f"the model's answer was cut off at {limit}: raise llm.maxTokens (and SYSTEM's "
                 "model_limits.max_output_tokens, which caps it), or ask for a shorter answer in llm.instructions")
+    if isinstance(exc, FilteredAnswer):
+        return ("check what the step sends (llm.instructions and the context it reads: `layerflow inspect ID "
+                "--prompts`) against the provider's content policy, then resume")
     if isinstance(exc, AnswerError):
         if text_answer:
             return f"the model never gave {text_answer}; raise llm.maxRetries or use a stronger model"
@@ -510,6 +539,8 @@ class _Caller:
             except AnswerError as err:
                 if reply is not None and reply.finish_reason == "length":
                     err = CutOffAnswer(err, self.endpoint.limits.answer_tokens(max_tokens or self.endpoint.max_tokens))
+                elif reply is not None and reply.finish_reason == "content_filter":
+                    err = FilteredAnswer(err)
                 last = err
                 if on_attempt:
                     on_attempt(attempt, convo, reply, err)
@@ -564,7 +595,7 @@ class _Caller:
                     f"longer than the {MAX_RETRY_AFTER:.0f} s a step waits; resume once it takes requests again")
         return ModelCallFailed(
             f"{what} failed after {attempts} attempt(s) (model {self.endpoint.model!r} at {self.endpoint.where}): "
-            f"{_describe(err)}; {hint}",
+            f"{_describe(err, self.endpoint)}; {hint}",
             task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=err)
 
 
@@ -778,7 +809,7 @@ def call_recorder(ctx: LayeredContext, *, task_id: str | None, endpoint: Endpoin
             "latency_ms": reply.latency_ms if reply else None,
             "error": None if err is None else (
                 {"type": "AnswerError", "message": str(err)[:500], "problems": err.problems[:20]}
-                if isinstance(err, AnswerError) else _error_dict(err)),
+                if isinstance(err, AnswerError) else _error_dict(err, endpoint)),
         }
         if purpose is not None:
             data["purpose"] = purpose

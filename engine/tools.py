@@ -320,7 +320,7 @@ def run_tool_loop(service: GovernanceService, instance_id: str, model: str, *, t
     """Let ``model`` govern ``instance_id`` with the tools (litellm ``completion(tools=...)``).
     The tools' results reach the model through ``redact_for_model(result, redact)`` (an open
     conflict's values, say); ``calls`` keeps them as the tools gave them."""
-    from .llm import ENV_API_BASE, ENV_API_KEY, load_litellm
+    from .llm import ENV_API_BASE, ENV_API_KEY, load_litellm, mask_secret
 
     call = completion or load_litellm().completion
     api_base = api_base or os.environ.get(ENV_API_BASE) or None
@@ -337,7 +337,8 @@ def run_tool_loop(service: GovernanceService, instance_id: str, model: str, *, t
                             api_key=api_key, timeout=timeout)
         except Exception as err:  # noqa: BLE001 - litellm raises many types; one error for the caller
             raise ModelError(f"model {model!r} at {api_base or 'the provider default'} failed during the "
-                             f"governance tool loop of instance {instance_id}: {type(err).__name__}: {err}") from err
+                             f"governance tool loop of instance {instance_id}: {type(err).__name__}: "
+                             f"{mask_secret(str(err), api_key)}") from err
         message = _attr(_attr(response, "choices")[0], "message")
         tool_calls = list(_attr(message, "tool_calls") or [])
         content = _attr(message, "content")

@@ -261,3 +261,54 @@ def test_a_model_calling_the_same_tool_forever_is_stopped_and_resume_starts_the_
     stub.script.clear()
     done = _resumed(engine, stub, failed, ASSESS, DECIDE)
     assert _steps(stub) == ["assess", "decide"]
+
+
+# ===== what a provider says back ==========================================================================
+
+def test_an_api_key_the_provider_quotes_in_its_error_is_masked_everywhere(stub: StubLLM, engine: Engine) -> None:
+    stub.push(ASSESS, Reply.error(401, f"Incorrect API key provided: {API_KEY}. You can find your key at ..."))
+    failed = _run(engine)
+    _assert_failed_cleanly(failed, "decide", attempts=1, words=("LAYERFLOW_MODEL_API_KEY", "***"))
+    [note] = _notes(failed, "llm_call", "decide")
+    assert "Incorrect API key provided: ***" in note["error"]["message"]
+    assert API_KEY not in json.dumps([e.data for e in failed.main.tape], default=str)
+
+
+def test_a_reply_the_content_filter_withheld_is_named_as_such(stub: StubLLM, engine: Engine) -> None:
+    filtered = Reply(content="", finish_reason="content_filter")
+    stub.push(ASSESS, filtered, filtered)
+    failed = _run(engine)
+    _assert_failed_cleanly(failed, "decide", attempts=2, words=("content filter", "content policy"))
+    assert "stronger model" not in failed.error["message"]
+    done = _resumed(engine, stub, failed, DECIDE)
+    assert _steps(stub) == ["decide"] and done.main.resolve("decision") == "pay"
+
+
+def _confirm(cid: str, message: str, *values: str) -> dict[str, Any]:
+    arguments = {"message": message, "options": [{"label": v, "value": v} for v in values]}
+    return {"id": cid, "type": "function", "function": {"name": "human_confirm", "arguments": json.dumps(arguments)}}
+
+
+def test_two_questions_a_provider_gave_one_call_id_each_get_their_own_answer(stub: StubLLM, engine: Engine) -> None:
+    twins = (_confirm("call_0", "Is the invoice genuine?", "yes", "no"),
+             _confirm("call_0", "Which desk reviews it?", "north", "south"))
+    stub.push(Reply(content=None, tool_calls=twins, finish_reason="tool_calls"))
+    waiting = _run(engine)
+    assert waiting.status == "waiting", waiting.error
+    asked = {c["message"]: c["id"] for c in waiting.to_document()["confirmations"]}
+    stub.push(ASSESS, DECIDE)
+    done = engine.resume(waiting.id, answers={"confirmations": {asked["Is the invoice genuine?"]: "no",
+                                                                asked["Which desk reviews it?"]: "south"}})
+    assert done.status == "completed", done.error
+    turn = stub.requests[-2]["messages"]
+    [assistant] = [m for m in turn if m["role"] == "assistant"]
+    ids = [c["id"] for c in assistant["tool_calls"]]
+    assert len(set(ids)) == 2, ids
+    results = {m["tool_call_id"]: json.loads(m["content"])["answer"] for m in turn if m["role"] == "tool"}
+    assert [results[i] for i in ids] == ["no", "south"]
+
+
+def test_what_the_model_is_sent_holds_no_secret(stub: StubLLM, engine: Engine) -> None:
+    stub.push(ASSESS, DECIDE)
+    assert _run(engine).status == "completed"
+    assert not [s for s in SECRETS if s in json.dumps(stub.requests)]
