@@ -22,7 +22,9 @@ An LLM activity (``run_llm_activity``):
 4. records every attempt on the tape as an ``llm_call`` note: the request (hash,
    tokens, tokens shared with the previous request of the same agent, and the text as
    a delta against that request, so a run's requests can be rebuilt from the tape
-   without storing each one whole), the response, token usage, cost and error.
+   without storing each one whole), the response, token usage and cost (``None`` when the provider
+   reported no usage), and the error (with the ``Retry-After`` the server asked for; an API key it
+   quoted masked).
 
 What a model is sent is redacted (the element's ``redact`` config, default on:
 ``context_layers.hooks.model_hooks``): the activity's request is rendered through the
@@ -48,6 +50,7 @@ it as the prefix of its summary requests. ``LiteLLMSummarizer``, ``LiteLLMPlanne
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -907,6 +910,17 @@ def _result_text(result: Mapping[str, Any]) -> str:
     return json.dumps(result, ensure_ascii=False, sort_keys=True, default=str)
 
 
+def _looping(history: Messages) -> str:
+    """What a model stuck in a loop repeated: its last turns were all the same calls (``""`` otherwise)."""
+    turns = [[(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]]
+             for m in history if m.get("role") == "assistant" and m.get("tool_calls")]
+    if len(turns) < 2 or any(t != turns[-1] for t in turns[-3:]):
+        return ""
+    repeated = sum(1 for _ in itertools.takewhile(lambda t: t == turns[-1], reversed(turns)))
+    calls = ", ".join(f"{name} {arguments[:200]}" for name, arguments in turns[-1])
+    return f"; its last {repeated} turns repeated the same call ({calls})"
+
+
 def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConfig | None, *, model: str,
                           dispatch: Dispatch, schemas: Sequence[Mapping[str, Any]],
                           state: Mapping[str, Any] | None = None, answers: Mapping[str, Any] | None = None,
@@ -976,8 +990,8 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         if turns >= max_turns:
             raise ModelCallFailed(
                 f"activity {task_id!r}: the model {endpoint.model!r} called tools in {turns} turns without giving "
-                f"its answer (a step's model takes at most {max_turns} turns of tool calls); tighten "
-                "llm.instructions or turn llm.tools off", task_id=task_id, model=endpoint.model,
+                f"its answer (a step's model takes at most {max_turns} turns of tool calls){_looping(history)}; "
+                "tighten llm.instructions or turn llm.tools off", task_id=task_id, model=endpoint.model,
                 api_base=endpoint.api_base, attempts=turns, cause=None)
         turns += 1
         result, history = caller.run_reply(history, check, task_id=task_id, on_attempt=record, tools=schemas)

@@ -256,11 +256,12 @@ def test_a_model_calling_the_same_tool_forever_is_stopped_and_resume_starts_the_
     failed = _run(engine)
     assert failed.status == "error" and failed.error["task_id"] == "assess", failed.error
     assert f"at most {MAX_TOOL_TURNS} turns" in failed.error["message"]
+    assert f"its last {MAX_TOOL_TURNS} turns repeated the same call (context_inspect" in failed.error["message"]
     assert len(_notes(failed, "tool_call")) == MAX_TOOL_TURNS
     assert _written(failed, "assess") == {}
     stub.script.clear()
     done = _resumed(engine, stub, failed, ASSESS, DECIDE)
-    assert _steps(stub) == ["assess", "decide"]
+    assert _steps(stub) == ["assess", "decide"] and done.main.resolve("risk") == "low"
 
 
 # ===== what a provider says back ==========================================================================
