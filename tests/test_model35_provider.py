@@ -152,6 +152,18 @@ def test_a_hang_past_the_timeout_is_bounded_and_resume_runs_only_the_failed_step
     assert done.main.resolve("risk") == "low" and done.main.resolve("decision") == "pay"
 
 
+def test_a_body_that_is_not_json_names_the_api_base_to_check(stub: StubLLM, engine: Engine) -> None:
+    page = Reply(body="<html><body>502 Bad Gateway</body></html>")
+    stub.push(ASSESS, page, page)
+    failed = _run(engine)
+    assert failed.status == "error" and failed.error["task_id"] == "decide", failed.error
+    assert "LAYERFLOW_MODEL_API_BASE" in failed.error["message"], failed.error
+    assert not [s for s in SECRETS if s in failed.error["message"]]
+    assert _written(failed, "decide") == {}
+    _resumed(engine, stub, failed, DECIDE)
+    assert _steps(stub) == ["decide"]
+
+
 # ===== answers the step cannot take ===================================================================
 
 BAD_ANSWERS = [
