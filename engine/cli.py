@@ -131,6 +131,14 @@ def _refusal_document(instance: Instance, error: dict[str, Any]) -> dict[str, An
     return document
 
 
+def _args_problem(err: Any) -> str:
+    """A command's first bad argument (a pydantic ``ValidationError``), naming its field: ``label: String
+    should have at most 500 characters``."""
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    return f"{field}: {first['msg']}" if field else str(first["msg"])
+
+
 def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, kind: str = "bad_input",
           details: dict[str, Any] | None = None, process_id: str | None = None) -> NoReturn:
     if as_json:
@@ -1953,7 +1961,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
         args = RollbackArgs(snapshot_id=snapshot_id, layers=chosen, context=ctx.name if ctx else None, reason=reason)
         result = service.rollback(instance.id, args, actor="cli")
     except ValidationError as err:
-        _fail(f"rollback: {err.errors()[0]['msg']}", as_json=as_json)
+        _fail(f"rollback: {_args_problem(err)}", as_json=as_json)
     except LayerflowError as err:
         _governance_fail(err, as_json, prefix="rollback: ", instance=instance)
     if as_json:
@@ -1995,7 +2003,7 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
     try:
         result = service.snapshot(instance.id, SnapshotArgs(label=label, context=ctx.name), actor="cli")
     except ValidationError as err:
-        _fail(f"snapshot: {err.errors()[0]['msg']}", as_json=as_json)
+        _fail(f"snapshot: {_args_problem(err)}", as_json=as_json)
     except LayerflowError as err:
         _governance_fail(err, as_json, prefix="snapshot: ", instance=instance)
     if as_json:

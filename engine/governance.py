@@ -574,8 +574,16 @@ class ConfigArgs(_Args):
         return out
 
 
+# what a person is shown (a confirmation's message, its options) and what a snapshot is called are text a
+# model may write: bounded, so a runaway or hostile call cannot put megabytes into the instance's record, its
+# tape and every confirmation list (a tool call's whole arguments are bounded too: engine.tools)
+MAX_LABEL_CHARS = 500
+MAX_MESSAGE_CHARS = 10_000
+MAX_OPTIONS = 100
+
+
 class SnapshotArgs(_Args):
-    label: str | None = None
+    label: str | None = Field(default=None, max_length=MAX_LABEL_CHARS)
     layers: list[LayerName] | None = Field(default=None, description="layers to describe in the answer (a snapshot holds all six)")
     context: ContextName = None
 
@@ -600,9 +608,10 @@ class BranchArgs(_Args):
     confirmation_id: str | None = Field(default=None, description="resolve_conflict: the pending confirmation's id")
     resolution: Any = Field(default=None, description="resolve_conflict (needed): the chosen value, one of the "
                                                       "offered option values")
-    reason: str | None = Field(default=None, description="resolve_conflict (needed): why this value")
+    reason: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS,
+                               description="resolve_conflict (needed): why this value")
     layers: list[LayerName] | None = Field(default=None, description="snapshot: layers to describe in the answer")
-    label: str | None = Field(default=None, description="snapshot: a label for the snapshot")
+    label: str | None = Field(default=None, max_length=MAX_LABEL_CHARS, description="snapshot: a label for the snapshot")
 
     @model_validator(mode="after")
     def _fields_of_action(self) -> "BranchArgs":
@@ -619,16 +628,17 @@ class BranchArgs(_Args):
 
 
 class ConfirmOption(_Args):
-    label: str = Field(min_length=1)
+    label: str = Field(min_length=1, max_length=MAX_LABEL_CHARS)
     value: Any = None
 
 
 class HumanConfirmArgs(_Args):
     """human_confirm: ask a person to choose among options."""
 
-    type: str = Field(default="confirmation", min_length=1, description="e.g. conflict_resolution, compression_review")
-    message: str = Field(min_length=1)
-    options: list[ConfirmOption] = Field(min_length=1)
+    type: str = Field(default="confirmation", min_length=1, max_length=MAX_LABEL_CHARS,
+                      description="e.g. conflict_resolution, compression_review")
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    options: list[ConfirmOption] = Field(min_length=1, max_length=MAX_OPTIONS)
     timeout: float | None = Field(default=None, gt=0, le=MAX_CONFIRM_TIMEOUT,
                                   description="seconds until the default is taken")
     default: Any = Field(default=None, description="the value taken when the timeout passes: one of the options' "
