@@ -41,6 +41,7 @@ from .process import load_process
 from .runtime import (AnswerWriteDenied, Engine, Instance, Status, Unattended, check_start,
                       check_completed_answer_keys, refuse_if_cancelled, refuse_late_answers, _utc)
 from .store import default_store_url, open_store, record_head
+from .worker import DEFAULT_STREAM
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_WAITING = 0, 1, 2, 3
 
@@ -128,6 +129,14 @@ def _refusal_document(instance: Instance, error: dict[str, Any]) -> dict[str, An
         error["instance_error"] = dict(instance.error)
     document["error"] = error
     return document
+
+
+def _args_problem(err: Any) -> str:
+    """A command's first bad argument (a pydantic ``ValidationError``), naming its field: ``label: String
+    should have at most 500 characters``."""
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    return f"{field}: {first['msg']}" if field else str(first["msg"])
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT, *, as_json: bool = False, kind: str = "bad_input",
@@ -249,6 +258,16 @@ def _instance_document(instance: Instance) -> dict[str, Any]:
     return {**instance.to_document(), "version": instance.version}
 
 
+def _fix_hint(instance: Instance, at: str) -> str | None:
+    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None."""
+    error = instance.error or {}
+    if instance.status != "error" or error.get("kind") != "activity_failed" or not error.get("task_id"):
+        return None
+    return (f"fix its cause, then `layerflow resume {instance.id}{at}` runs {error['task_id']} again "
+            f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
+            f"--activity {error['task_id']}` shows what it did)")
+
+
 def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     doc = _instance_document(instance)
     if out.as_json:
@@ -261,10 +280,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     at = _store_hint(store)
     if instance.error and instance.status == "error":
         lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
-        if instance.error["kind"] == "activity_failed" and instance.error.get("task_id"):
-            lines.append(f"  fix its cause, then `layerflow resume {instance.id}{at}` runs {instance.error['task_id']} again "
-                         f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
-                         f"--activity {instance.error['task_id']}` shows what it did)")
+        fix = _fix_hint(instance, at)
+        if fix:
+            lines.append(f"  {fix}")
     if instance.cancelled:
         lines.append(f"  cancelled by {instance.cancelled['by']} (was {instance.cancelled['status']}): "
                      f"{instance.cancelled['reason']}")
@@ -568,6 +586,11 @@ _store_option = click.option("--store", "store", default=None, metavar="URL",
                              help="memory://, sqlite:///FILE, redis://HOST:PORT/DB (default: $LAYERFLOW_STORE, "
                                   "else the user data folder)")
 _json_option = click.option("--json", "as_json", is_flag=True, help="print one JSON document and nothing else on stdout")
+_queue_option = click.option("--queue", "queue", default=None, metavar="URL",
+                             help="the Redis holding the stream (default: the store when it is Redis, else "
+                                  "$LAYERFLOW_QUEUE)")
+_stream_option = click.option("--stream", default=DEFAULT_STREAM, show_default=True,
+                              help="Redis stream of ready instances")
 _answers_option = click.option("--answers", "answers_file", default=None, metavar="FILE",
                                help='JSON {"user_tasks": {TASK: {...}}, "confirmations": {ID: ANSWER}}')
 _answer_option = click.option("--answer", "answer", multiple=True, metavar="KEY=VALUE",
@@ -806,7 +829,19 @@ def _answers_naming_nothing(target: Any, answers: Mapping[str, Any], keys: Itera
         _fail(f"--answer {', '.join(map(repr, unknown))}: names no user task of process {process.id!r} and nothing "
               f"its instance waits for, so no step would ever take it;{near} answer a user task by its BPMN id "
               f"({', '.join(tasks) or 'the process has none'}) or its waiting_for id, a join's conflict by "
-              f"GATEWAY_ID/CONTEXT_KEY, any other confirmation by its id or *", as_json=as_json)
+              f"GATEWAY_ID/CONTEXT_KEY, any other confirmation by its id or *{_changed_definition_hint(target)}",
+              as_json=as_json)
+
+
+def _changed_definition_hint(target: Any) -> str:
+    """For an instance whose files changed since it started: the ids it knows are its own version's."""
+    if target is getattr(target, "process", target):
+        return ""
+    definition = target.process.definition()
+    if definition["on_disk"] != "changed":
+        return ""
+    return (f" (instance {target.id} runs the definition it started with, version {definition['version']}; its "
+            "files changed since, so an id the file has now may not be one of its own)")
 
 
 def _user_task_answers_are_objects(process: Any, answer: tuple[str, ...], as_json: bool) -> None:
@@ -1207,6 +1242,8 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
             instance = engine.send_event(instance, name, payload, kind=kind, actor="cli")
         except LayerflowError as err:
             _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ", instance=instance)
+        for notice in instance.notices:  # the files changed since it started, as `resume` says
+            out.info(f"layerflow: {notice}")
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 
@@ -1291,22 +1328,58 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
 @click.option("--process", "process_id", default=None, metavar="PROCESS_ID",
               help="only the instances of this process (as GET /api/instances?process_id=)")
 @_store_option
+@_queue_option
+@_stream_option
 @_json_option
-def list_instances(status: str | None, process_id: str | None, store: str | None, as_json: bool) -> None:
+def list_instances(status: str | None, process_id: str | None, store: str | None, queue: str | None, stream: str,
+                   as_json: bool) -> None:
     """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
-    waiting one whose timer or answer is being run from one that still waits."""
+    waiting one whose timer or answer is being run from one that still waits; one whose entry is in
+    the --stream's dead letters names its dead letter, as no worker will run it until it is requeued."""
     from .governance import instance_rows
 
     engine = _existing_engine(store, None, as_json)
     rows = instance_rows(engine.store, status, holders=True, process_id=process_id) if engine is not None else []
+    letters = _dead_letter_ids(store, queue, stream) if rows else {}
+    for r in rows:  # only on the rows that have one: the others are GET /api/instances's rows as they are
+        if r["status"] in ("running", "waiting") and r["id"] in letters:
+            r["dead_letter"] = letters[r["id"]]
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return
     for r in rows:
         by = f"  held by {r['held_by']}" if r["held_by"] else ""
+        if r.get("dead_letter"):
+            by += (f"  dead letter {r['dead_letter']}: no worker runs it (`layerflow worker dead` says why; once "
+                   f"fixed, `layerflow worker requeue {r['dead_letter']} --stream {stream}`)")
         click.echo(f"{r['id']}  {r['process_id']}  {r['status']}  v{r['version']}  "
                    f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['updated'] or 0))}{by}")
+
+
+def _dead_letter_ids(store: str | None, queue: str | None, stream: str) -> dict[str, str]:
+    """Instance id -> the id of its latest dead letter of ``stream``. Read only when there is a queue to read:
+    a Redis store, ``--queue`` or $LAYERFLOW_QUEUE; one that does not answer is named on stderr, and `list`
+    lists the store all the same."""
+    import redis
+
+    from .worker import dead_letters, queue_client
+
+    url = store or default_store_url()
+    if not (queue or os.environ.get("LAYERFLOW_QUEUE") or url.split("://", 1)[0] in ("redis", "rediss", "unix")):
+        return {}
+    try:
+        client = queue_client(url, queue)
+    except LayerflowError as err:
+        click.echo(f"layerflow: dead letters not read: {err}", err=True)
+        return {}
+    try:
+        return {d.instance_id: d.id for d in dead_letters(client, stream)}
+    except redis.RedisError as err:
+        click.echo(f"layerflow: dead letters of {stream!r} not read: {type(err).__name__}: {err}", err=True)
+        return {}
+    finally:
+        client.close()
 
 
 def _context(instance: Instance, name: str | None, as_json: bool) -> LayeredContext:
@@ -1541,11 +1614,12 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     compressions = report["compress_status"]["compressions"]
     shown = [ctx] if context_name else list(instance.contexts.values())
     prompt_doc = _prompt_rows(instance, shown) if prompts else None
+    holder = held_by(service.engine.store, instance.id, instance.status)
 
     if as_json:
         doc = instance.to_document()  # the `run --json` fields, for this context
         layers = {name: values for name, values in ctx.as_dict().items() if name in shown_layers}
-        doc.update({"version": report["version"], "held_by": held_by(service.engine.store, instance.id, instance.status),
+        doc.update({"version": report["version"], "held_by": holder,
                     "context": ctx.name, "layers": layers,
                     "tokens": ctx.token_report(), "attention": report["attention"], "attention_check": check,
                     "layer_stats": {name: {**report["layers"][name], "entries": rows}
@@ -1559,12 +1633,46 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
         return
 
     header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
+    status_rows = [*_inspect_status_rows(instance, _store_hint(store)), *([["held_by", holder]] if holder else []),
+                   ["definition", _definition_text(instance.process.definition())]]
     against = (f"thresholds of {activity}" if check["config"] == "activity"
                else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
     if out.tty:
-        _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx)
+        _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
     else:
-        _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx)
+        _inspect_plain(header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
+
+
+def _inspect_status_rows(instance: Instance, at: str) -> list[list[str]]:
+    """What an operator acts on first, as records of inspect's listing: the error of a failed instance
+    (``error``, kind, task, message) and how to go on (``fix``), what a waiting one waits for
+    (``waiting``, kind, id, task, due), as `run` prints them (and ``held_by``, added by the caller)."""
+    rows: list[list[str]] = []
+    if instance.status == "error" and instance.error:
+        rows.append(["error", str(instance.error.get("kind")), str(instance.error.get("task_id") or "-"),
+                     terminal_text(str(instance.error.get("message")))])
+        fix = _fix_hint(instance, at)
+        if fix:
+            rows.append(["fix", fix])
+    for w in instance.to_document()["waiting_for"]:
+        rows.append(["waiting", str(w["kind"]), str(w["id"]), str(w.get("task_id") or ""), str(w.get("due") or "")])
+    return rows
+
+
+def _definition_text(definition: dict[str, Any]) -> str:
+    """The definition an instance runs (``Process.definition``): the one it started with, and
+    whether its files on disk still read so."""
+    if definition["version"] is None:
+        return "the one kept in its record (started before layerflow kept definition versions)"
+    files = definition["files"]
+    line = f"version {definition['version']} ({', '.join(Path(f['path']).name for f in files)})"
+    for state, what in (("changed", "changed on disk since it started"), ("gone", "gone from disk")):
+        names = [Path(f["path"]).name for f in files if f["now"] == state]
+        if names:
+            line += f"; {', '.join(names)} {what}"
+    if definition["on_disk"] != "same":
+        line += ": the instance runs the version it started with, new instances the files as they are"
+    return line
 
 
 def _layer_names(given: tuple[str, ...], as_json: bool) -> list[str]:
@@ -1607,9 +1715,10 @@ def _prompt_cells(r: dict[str, Any]) -> tuple[str, ...]:
 
 def _inspect_plain(header: str, report: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
                    check: dict[str, Any], against: str, compressions: list[dict[str, Any]],
-                   prompt_doc: dict[str, Any] | None, ctx: LayeredContext) -> None:
+                   prompt_doc: dict[str, Any] | None, ctx: LayeredContext, status_rows: list[list[str]]) -> None:
     """Tab-separated lines, one record each, for grep and cut (the value preview last)."""
-    lines = [header, "layer\tkey\ttokens\tpreserved\twritten_by\tvalue"]
+    lines = [header, *("\t".join(row).rstrip("\t") for row in status_rows),
+             "layer\tkey\ttokens\tpreserved\twritten_by\tvalue"]
     for name, rows in tables.items():
         for r in rows:
             lines.append(f"{name}\t{r['key']}\t{r['tokens']}\t{'preserved' if r['preserved'] else ''}\t"
@@ -1642,12 +1751,15 @@ def _inspect_plain(header: str, report: dict[str, Any], tables: dict[str, list[d
 
 def _inspect_rich(out: _Out, header: str, report: dict[str, Any], tables: dict[str, list[dict[str, Any]]],
                   check: dict[str, Any], against: str, compressions: list[dict[str, Any]],
-                  prompt_doc: dict[str, Any] | None, ctx: LayeredContext) -> None:
+                  prompt_doc: dict[str, Any] | None, ctx: LayeredContext, status_rows: list[list[str]]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     console = out.console
     console.print(f"[bold]{escape(header)}[/]", highlight=False)
+    for row in status_rows:
+        console.print(f"[bold red]{row[0]}[/] {escape(' · '.join(cell for cell in row[1:] if cell))}",
+                      highlight=False)
     for name, rows in tables.items():
         stats = report["layers"][name]
         if not rows:
@@ -1882,7 +1994,7 @@ def rollback(instance_id: str, snapshot_arg: str | None, snapshot_id: str | None
         args = RollbackArgs(snapshot_id=snapshot_id, layers=chosen, context=ctx.name if ctx else None, reason=reason)
         result = service.rollback(instance.id, args, actor="cli")
     except ValidationError as err:
-        _fail(f"rollback: {err.errors()[0]['msg']}", as_json=as_json)
+        _fail(f"rollback: {_args_problem(err)}", as_json=as_json)
     except LayerflowError as err:
         _governance_fail(err, as_json, prefix="rollback: ", instance=instance)
     if as_json:
@@ -1925,7 +2037,7 @@ def snapshot(instance_id: str, context_name: str | None, label: str | None, list
     try:
         result = service.snapshot(instance.id, SnapshotArgs(label=label, context=ctx.name), actor="cli")
     except ValidationError as err:
-        _fail(f"snapshot: {err.errors()[0]['msg']}", as_json=as_json)
+        _fail(f"snapshot: {_args_problem(err)}", as_json=as_json)
     except LayerflowError as err:
         _governance_fail(err, as_json, prefix="snapshot: ", instance=instance)
     if as_json:

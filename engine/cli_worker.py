@@ -19,19 +19,18 @@ from click.core import ParameterSource
 from context_layers.errors import LayerflowError
 from context_layers.stores import open_store
 
-from .cli import (EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _read_mapping, check_start_data,
-                  json_stdout, main, start_data_details)
+from .cli import (EXIT_BAD_INPUT, EXIT_ERROR, _fail, _json_option, _model_option, _queue_option, _read_mapping,
+                  _stream_option, check_start_data, json_stdout, main, start_data_details)
 from .process import load_process
 from .store import default_store_url
-from .worker import (DEFAULT_GROUP, DEFAULT_MAX_DELIVERIES, DEFAULT_STREAM, dead_letters, dead_stream_of,
+from .worker import (DEFAULT_GROUP, DEFAULT_MAX_DELIVERIES, dead_letters, dead_stream_of,
                      queue_client, queue_error, requeue, run_worker, submit)
 
 _store = click.option("--store", "store", default=None, metavar="URL",
                       help="memory://NAME, sqlite:///FILE, redis://HOST:PORT/DB[?prefix=P] "
                            "(default: $LAYERFLOW_STORE, else the user data folder)")
-_queue = click.option("--queue", "queue", default=None, metavar="URL",
-                      help="the Redis holding the stream (default: the store when it is Redis, else $LAYERFLOW_QUEUE)")
-_stream = click.option("--stream", default=DEFAULT_STREAM, show_default=True, help="Redis stream of ready instances")
+_queue = _queue_option
+_stream = _stream_option
 _group = click.option("--group", default=DEFAULT_GROUP, show_default=True, help="consumer group of the workers")
 _dead_stream = click.option("--dead-stream", default=None, metavar="STREAM",
                             help="Redis stream of dead letters (default: the --stream name + ':dead')")

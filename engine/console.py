@@ -105,8 +105,12 @@ def mount_console(app: FastAPI) -> None:
         join, joins with a conflict (each branch's value) or a resolved one (the value that won)."""
         instance = service.load(instance_id)
         diagram = _diagram(_bpmn_path(service, instance), instance.process_id)
+        definition = instance.process.definition()
+        drawn = ("" if definition["on_disk"] in ("same", "unknown") else
+                 f" - drawn from the BPMN as it reads now; the instance runs version {definition['version']}, "
+                 "the one it started with")
         svg = render_svg(diagram, marks_of(instance),
-                         title=f"{diagram.name or diagram.process_id}: instance {instance.id} ({instance.status})")
+                         title=f"{diagram.name or diagram.process_id}: instance {instance.id} ({instance.status}){drawn}")
         return _svg_response(svg)
 
     @app.get("/api/processes/{process_id}/diagram.svg", response_class=Response,

@@ -84,10 +84,10 @@ from context_layers.tape import Event, EventKind, kind_names, matches_kind
 
 from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 
-from . import events, forms, spiff
+from . import configfile, events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short_json
 from .leases import held_by, holding
-from .process import Process, load_process
+from .process import Process, file_digest, load_process
 from .runtime import (Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
                       why_not_waiting)
 from .store import record_head
@@ -576,8 +576,16 @@ class ConfigArgs(_Args):
         return out
 
 
+# what a person is shown (a confirmation's message, its options) and what a snapshot is called are text a
+# model may write: bounded, so a runaway or hostile call cannot put megabytes into the instance's record, its
+# tape and every confirmation list (a tool call's whole arguments are bounded too: engine.tools)
+MAX_LABEL_CHARS = 500
+MAX_MESSAGE_CHARS = 10_000
+MAX_OPTIONS = 100
+
+
 class SnapshotArgs(_Args):
-    label: str | None = None
+    label: str | None = Field(default=None, max_length=MAX_LABEL_CHARS)
     layers: list[LayerName] | None = Field(default=None, description="layers to describe in the answer (a snapshot holds all six)")
     context: ContextName = None
 
@@ -602,9 +610,10 @@ class BranchArgs(_Args):
     confirmation_id: str | None = Field(default=None, description="resolve_conflict: the pending confirmation's id")
     resolution: Any = Field(default=None, description="resolve_conflict (needed): the chosen value, one of the "
                                                       "offered option values")
-    reason: str | None = Field(default=None, description="resolve_conflict (needed): why this value")
+    reason: str | None = Field(default=None, max_length=MAX_MESSAGE_CHARS,
+                               description="resolve_conflict (needed): why this value")
     layers: list[LayerName] | None = Field(default=None, description="snapshot: layers to describe in the answer")
-    label: str | None = Field(default=None, description="snapshot: a label for the snapshot")
+    label: str | None = Field(default=None, max_length=MAX_LABEL_CHARS, description="snapshot: a label for the snapshot")
 
     @model_validator(mode="after")
     def _fields_of_action(self) -> "BranchArgs":
@@ -621,16 +630,17 @@ class BranchArgs(_Args):
 
 
 class ConfirmOption(_Args):
-    label: str = Field(min_length=1)
+    label: str = Field(min_length=1, max_length=MAX_LABEL_CHARS)
     value: Any = None
 
 
 class HumanConfirmArgs(_Args):
     """human_confirm: ask a person to choose among options."""
 
-    type: str = Field(default="confirmation", min_length=1, description="e.g. conflict_resolution, compression_review")
-    message: str = Field(min_length=1)
-    options: list[ConfirmOption] = Field(min_length=1)
+    type: str = Field(default="confirmation", min_length=1, max_length=MAX_LABEL_CHARS,
+                      description="e.g. conflict_resolution, compression_review")
+    message: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    options: list[ConfirmOption] = Field(min_length=1, max_length=MAX_OPTIONS)
     timeout: float | None = Field(default=None, gt=0, le=MAX_CONFIRM_TIMEOUT,
                                   description="seconds until the default is taken")
     default: Any = Field(default=None, description="the value taken when the timeout passes: one of the options' "
@@ -730,7 +740,7 @@ class Catalog:
     def __init__(self, directory: str | Path | None) -> None:
         self.directory = Path(directory).resolve() if directory is not None else None
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[tuple[float, ...], Process]] = {}
+        self._cache: dict[str, tuple[tuple[tuple[str, str | None], ...], Process]] = {}
 
     def entries(self) -> dict[str, dict[str, Any]]:
         """process id -> {"id", "name", "file"} (the first file wins when two define one id)."""
@@ -790,15 +800,23 @@ class Catalog:
             where = self.directory or "(no catalog directory)"
             raise ContextKeyError(f"process {process_id!r} is not in the catalog {where}; registered: {known}")
         paths = self._files_of(entry["file"])
-        mtime = tuple(p.stat().st_mtime for p in paths)
+        stamp = self._stamp(paths)
         with self._lock:
             hit = self._cache.get(process_id)
-            if hit is not None and hit[0] == mtime:
+            if hit is not None and hit[0] == stamp:
                 return hit[1]
         process = load_process(paths, process_id)
         with self._lock:
-            self._cache[process_id] = (mtime, process)
+            self._cache[process_id] = (stamp, process)
         return process
+
+    def _stamp(self, paths: list[Path]) -> tuple[tuple[str, str | None], ...]:
+        """What a new start's process is loaded from, as it stands: the BPMN files, the config file
+        beside each and the folder's DMN files (a config-only edit is a new version for new starts,
+        as a BPMN edit is)."""
+        assert self.directory is not None
+        files = [*paths, *(c for p in paths for c in configfile.configs_beside(p)), *sorted(self.directory.glob("*.dmn"))]
+        return tuple((str(f), file_digest(f)) for f in files)
 
 
 # ============================================================================ the service

@@ -150,13 +150,18 @@ _FILE_REGISTRIES: dict[str, "HandlerRegistry"] = {}
 
 def file_handlers(ref: str, base_dir: Path | None) -> "HandlerRegistry | None":
     """The ``@activity`` names registered by the ``file.py`` of handler reference ``ref``
-    (loading it if needed); None for a ``module:function`` reference."""
+    (loading it if needed); None for a ``module:function`` reference, and for a file that is not
+    there: it registers nothing, and only the step whose handler it is fails for it (naming it),
+    not another step that looks for an ``@activity`` of its id (a person's answer to that one
+    would be lost)."""
     module_ref = ref.rpartition(":")[0]
     if not module_ref.endswith(".py"):
         return None
     path = Path(module_ref)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
+    if str(path.resolve()) not in _MODULES and not path.is_file():
+        return None
     load_handler_reference(ref, base_dir)
     return _FILE_REGISTRIES.get(str(path.resolve()))
 
@@ -189,7 +194,8 @@ def _load_handler_reference(ref: str, base_dir: Path | None) -> Handler:
         module = _MODULES.get(key)
         if module is None:
             if not path.is_file():
-                raise ConfigError(f"handler {ref!r}: file {path} not found; paths are relative to the process folder")
+                raise ConfigError(f"handler {ref!r}: file {path} not found; paths are relative to the process folder: "
+                                  "put the file back there, then `layerflow resume` the instance to retry the step")
             name = f"layerflow_handlers_{abs(hash(key)):x}_{path.stem}"
             spec = importlib.util.spec_from_file_location(name, path)
             assert spec is not None and spec.loader is not None

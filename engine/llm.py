@@ -22,7 +22,9 @@ An LLM activity (``run_llm_activity``):
 4. records every attempt on the tape as an ``llm_call`` note: the request (hash,
    tokens, tokens shared with the previous request of the same agent, and the text as
    a delta against that request, so a run's requests can be rebuilt from the tape
-   without storing each one whole), the response, token usage, cost and error.
+   without storing each one whole), the response, token usage and cost (``None`` when the provider
+   reported no usage), and the error (with the ``Retry-After`` the server asked for; an API key it
+   quoted masked).
 
 What a model is sent is redacted (the element's ``redact`` config, default on:
 ``context_layers.hooks.model_hooks``): the activity's request is rendered through the
@@ -48,6 +50,7 @@ it as the prefix of its summary requests. ``LiteLLMSummarizer``, ``LiteLLMPlanne
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -85,6 +88,7 @@ __all__ = [
     "LiteLLMArbiter",
     "LiteLLMPlanner",
     "LiteLLMSummarizer",
+    "MAX_TOOL_ARGUMENT_CHARS",
     "MAX_TOOL_TURNS",
     "MODEL_LIMITS_KEY",
     "ModelCallFailed",
@@ -191,6 +195,16 @@ class Endpoint:
     def where(self) -> str:
         return self.api_base or "the provider's default endpoint"
 
+    def masked(self, text: str) -> str:
+        """``text`` without the API key: a provider or proxy may quote the key it refused in its error,
+        which would reach the instance's error, the tape and the logs."""
+        return mask_secret(text, self.api_key)
+
+
+def mask_secret(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` (an API key) replaced by ``***``."""
+    return text.replace(secret, "***") if secret and len(secret) >= 8 else text
+
 
 class CutOffAnswer(AnswerError):
     """A reply the provider cut at the answer's token limit (``finish_reason: "length"``) that is not
@@ -199,6 +213,15 @@ class CutOffAnswer(AnswerError):
     def __init__(self, err: AnswerError, limit: int | None) -> None:
         self.limit = limit
         super().__init__([_cut_off(limit, "; ".join(err.problems))], text=err.text)
+
+
+class FilteredAnswer(AnswerError):
+    """A reply the provider's content filter withheld (``finish_reason: "content_filter"``): no stronger
+    model or tighter schema helps; what the step sends is what the provider refused."""
+
+    def __init__(self, err: AnswerError) -> None:
+        super().__init__([f'the provider\'s content filter withheld the reply (finish_reason "content_filter"; '
+                          f'{"; ".join(err.problems)})'], text=err.text)
 
 
 def _cut_off(limit: int | None, problem: str) -> str:
@@ -246,8 +269,25 @@ class Reply:
         """The reply as an ``llm_call`` note keeps it."""
         out: dict[str, Any] = {"content": self.content, "finish_reason": self.finish_reason, "id": self.response_id}
         if self.tool_calls:
-            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+            out["tool_calls"] = [kept_call(c) for c in self.tool_calls]
         return out
+
+
+# the longest arguments text a tool call may send; a longer one is refused unread (``engine.tools``)
+MAX_TOOL_ARGUMENT_CHARS = 64_000
+
+
+def kept_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool call as the conversation sent back and the tape keep it: arguments over
+    ``MAX_TOOL_ARGUMENT_CHARS`` (refused unread) are replaced by a JSON note of their size, so a
+    runaway call's megabytes are neither sent again with every later turn nor kept twice on the tape
+    (its ``tool_call`` note keeps their head)."""
+    arguments = call["function"]["arguments"]
+    if len(arguments) <= MAX_TOOL_ARGUMENT_CHARS:
+        return dict(call)
+    note = json.dumps({"refused": f"{len(arguments)} characters of arguments, over the {MAX_TOOL_ARGUMENT_CHARS} "
+                                  "a tool call takes"})
+    return {**call, "function": {**call["function"], "arguments": note}}
 
 
 def _field(obj: Any, name: str) -> Any:
@@ -286,13 +326,30 @@ def _cost(response: Any) -> float | None:
 def _tool_calls(message: Any) -> tuple[dict[str, Any], ...]:
     """The reply's tool calls as plain OpenAI dicts (litellm gives objects)."""
     out: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for call in _field(message, "tool_calls") or ():
         fn = _field(call, "function")
         arguments = _field(fn, "arguments")
-        out.append({"id": str(_field(call, "id") or f"call_{len(out)}"), "type": "function",
+        cid = str(_field(call, "id") or f"call_{len(out)}")
+        if cid in seen:
+            # a provider that gives two calls of one reply the same id: each result must go back to its
+            # own call (two questions to a person would each get the other's answer)
+            cid = next(f"{cid}_{n}" for n in range(2, len(out) + 3) if f"{cid}_{n}" not in seen)
+        seen.add(cid)
+        out.append({"id": cid, "type": "function",
                     "function": {"name": str(_field(fn, "name") or ""),
                                  "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {})}})
     return tuple(out)
+
+
+def _reported_usage(usage: Any) -> dict[str, Any] | None:
+    """The token usage the provider reported; None when it reported none. litellm fills a reply
+    without ``usage`` with zeros (and prices it at 0.0), but no request is billed 0 prompt tokens:
+    the tape says "not reported" rather than a usage and a cost that never were."""
+    if not isinstance(usage, dict):
+        return None
+    counts = [usage.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")]
+    return None if not any(isinstance(c, (int, float)) and c > 0 for c in counts) else usage
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -320,15 +377,15 @@ def _complete(completion: Completion, endpoint: Endpoint, messages: Sequence[Map
     choices = _field(response, "choices") or []
     message = _field(choices[0], "message") if choices else None
     content = _field(message, "content") if message is not None else None
-    usage = _plain(_field(response, "usage"))
+    usage = _reported_usage(_plain(_field(response, "usage")))
     text = content if isinstance(content, str) else None
     problem = text_problem(text) if text is not None else None
     if text is not None and problem is not None:
         text = _SURROGATES.sub("\ufffd", text)
     return Reply(content=text, problem=problem,
                  finish_reason=_field(choices[0], "finish_reason") if choices else None,
-                 response_id=_field(response, "id"), usage=usage if isinstance(usage, dict) else None,
-                 cost=_cost(response), latency_ms=latency,
+                 response_id=_field(response, "id"), usage=usage,
+                 cost=_cost(response) if usage is not None else None, latency_ms=latency,
                  tool_calls=_tool_calls(message) if message is not None else ())
 
 
@@ -378,16 +435,20 @@ def _retry_after_seconds(exc: BaseException) -> float | None:
         return None  # a header that says nothing usable: the backoff decides
 
 
-def _error_dict(exc: BaseException) -> dict[str, Any]:
-    text = str(exc)
-    return {"type": type(exc).__name__, "message": text if len(text) <= 500 else text[:500] + "...",
-            "status_code": getattr(exc, "status_code", None), "transient": is_transient(exc)}
+def _error_dict(exc: BaseException, endpoint: Endpoint) -> dict[str, Any]:
+    text = endpoint.masked(str(exc))
+    out = {"type": type(exc).__name__, "message": text if len(text) <= 500 else text[:500] + "...",
+           "status_code": getattr(exc, "status_code", None), "transient": is_transient(exc)}
+    wait = _retry_after_seconds(exc)
+    if wait is not None:  # the server's word on when to come back: why the next attempt came when it did
+        out["retry_after"] = wait
+    return out
 
 
-def _describe(exc: BaseException | None) -> str:
+def _describe(exc: BaseException | None, endpoint: Endpoint) -> str:
     if exc is None:
         return "no error recorded"
-    text = " ".join(str(exc).split())
+    text = " ".join(endpoint.masked(str(exc)).split())
     return f"{type(exc).__name__}: {text[:300]}"
 
 
@@ -411,6 +472,9 @@ def _hint(exc: BaseException | None, *, activity: bool = True, text_answer: str 
         limit = f"its {exc.limit} tokens" if exc.limit else "the model's own limit (no max_tokens was sent)"
         return (f"the model's answer was cut off at {limit}: raise llm.maxTokens (and SYSTEM's "
                 "model_limits.max_output_tokens, which caps it), or ask for a shorter answer in llm.instructions")
+    if isinstance(exc, FilteredAnswer):
+        return ("check what the step sends (llm.instructions and the context it reads: `layerflow inspect ID "
+                "--prompts`) against the provider's content policy, then resume")
     if isinstance(exc, AnswerError):
         if text_answer:
             return f"the model never gave {text_answer}; raise llm.maxRetries or use a stronger model"
@@ -478,6 +542,8 @@ class _Caller:
             except AnswerError as err:
                 if reply is not None and reply.finish_reason == "length":
                     err = CutOffAnswer(err, self.endpoint.limits.answer_tokens(max_tokens or self.endpoint.max_tokens))
+                elif reply is not None and reply.finish_reason == "content_filter":
+                    err = FilteredAnswer(err)
                 last = err
                 if on_attempt:
                     on_attempt(attempt, convo, reply, err)
@@ -532,7 +598,7 @@ class _Caller:
                     f"longer than the {MAX_RETRY_AFTER:.0f} s a step waits; resume once it takes requests again")
         return ModelCallFailed(
             f"{what} failed after {attempts} attempt(s) (model {self.endpoint.model!r} at {self.endpoint.where}): "
-            f"{_describe(err)}; {hint}",
+            f"{_describe(err, self.endpoint)}; {hint}",
             task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=err)
 
 
@@ -746,7 +812,7 @@ def call_recorder(ctx: LayeredContext, *, task_id: str | None, endpoint: Endpoin
             "latency_ms": reply.latency_ms if reply else None,
             "error": None if err is None else (
                 {"type": "AnswerError", "message": str(err)[:500], "problems": err.problems[:20]}
-                if isinstance(err, AnswerError) else _error_dict(err)),
+                if isinstance(err, AnswerError) else _error_dict(err, endpoint)),
         }
         if purpose is not None:
             data["purpose"] = purpose
@@ -844,6 +910,17 @@ def _result_text(result: Mapping[str, Any]) -> str:
     return json.dumps(result, ensure_ascii=False, sort_keys=True, default=str)
 
 
+def _looping(history: Messages) -> str:
+    """What a model stuck in a loop repeated: its last turns were all the same calls (``""`` otherwise)."""
+    turns = [[(c["function"]["name"], c["function"]["arguments"]) for c in m["tool_calls"]]
+             for m in history if m.get("role") == "assistant" and m.get("tool_calls")]
+    if len(turns) < 2 or any(t != turns[-1] for t in turns[-3:]):
+        return ""
+    repeated = sum(1 for _ in itertools.takewhile(lambda t: t == turns[-1], reversed(turns)))
+    calls = ", ".join(f"{name} {arguments[:200]}" for name, arguments in turns[-1])
+    return f"; its last {repeated} turns repeated the same call ({calls})"
+
+
 def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConfig | None, *, model: str,
                           dispatch: Dispatch, schemas: Sequence[Mapping[str, Any]],
                           state: Mapping[str, Any] | None = None, answers: Mapping[str, Any] | None = None,
@@ -913,15 +990,15 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
         if turns >= max_turns:
             raise ModelCallFailed(
                 f"activity {task_id!r}: the model {endpoint.model!r} called tools in {turns} turns without giving "
-                f"its answer (a step's model takes at most {max_turns} turns of tool calls); tighten "
-                "llm.instructions or turn llm.tools off", task_id=task_id, model=endpoint.model,
+                f"its answer (a step's model takes at most {max_turns} turns of tool calls){_looping(history)}; "
+                "tighten llm.instructions or turn llm.tools off", task_id=task_id, model=endpoint.model,
                 api_base=endpoint.api_base, attempts=turns, cause=None)
         turns += 1
         result, history = caller.run_reply(history, check, task_id=task_id, on_attempt=record, tools=schemas)
         if not isinstance(result, Reply):
             _write_answer(ctx, {k: v for k, v in result.items() if k not in scoped}, who)
             return ToolOutcome(answer=dict(result))
-        turn: dict[str, Any] = {"role": "assistant", "tool_calls": [dict(c) for c in result.tool_calls]}
+        turn: dict[str, Any] = {"role": "assistant", "tool_calls": [kept_call(c) for c in result.tool_calls]}
         if result.content is not None:  # no content key at all otherwise: litellm leaves a None out
             turn["content"] = result.content
         history = [*history, turn]

@@ -9,6 +9,7 @@ keys go (default PROCESS). Nothing is returned for a process that does not valid
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -44,6 +45,9 @@ class Process:
     name: str | None = None
     # the config file's ``process: {redact: ...}``: what an element without its own ``redact`` takes
     redact: bool | list[str] | None = None
+    # path -> sha256 of each file the process was loaded from (BPMN, DMN, config files): what
+    # ``definition`` compares the files on disk against; empty for records from before it
+    digests: dict[str, str] = field(default_factory=dict)
     _record: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -116,7 +120,7 @@ class Process:
         field is replaced (governance replaces ``configs`` on a config change); the
         returned dict must not be changed."""
         parts = (self.id, self.name, self.paths, self.config_path, self.configs, self.system, self.data_layers,
-                 self.redact)
+                 self.redact, self.digests)
         cached = self._record
         if cached is not None and all(a is b for a, b in zip(cached[0], parts)):
             return cached[1]
@@ -131,6 +135,8 @@ class Process:
         }
         if self.redact is not None:  # records of processes without it stay as they were
             record["redact"] = self.redact
+        if self.digests:
+            record["digests"] = dict(self.digests)
         self._record = (parts, record)
         return record
 
@@ -142,8 +148,18 @@ class Process:
             system=dict(record.get("system", {})),
             data_layers={k: Layer.parse(v) for k, v in record.get("data_layers", {}).items()},
             paths=tuple(record.get("paths", ())), config_path=record.get("config_path"), name=record.get("name"),
-            redact=record.get("redact"),
+            redact=record.get("redact"), digests=dict(record.get("digests") or {}),
         )
+
+    def definition(self) -> dict[str, Any]:
+        """Which definition this process (an instance's: the one it started with) is, and whether the
+        files it was loaded from still read so: ``version`` (a digest of those files, ``None`` for an
+        instance from before versions were kept), each file's ``path``, ``sha256`` and ``now``
+        (``same``, ``changed``, ``gone``), and ``on_disk``, the worst of them (``unknown``: no digests)."""
+        files = [{"path": path, "sha256": digest, "now": _file_now(path, digest)} for path, digest in self.digests.items()]
+        states = {f["now"] for f in files}
+        on_disk = next((s for s in ("changed", "gone") if s in states), "same") if files else "unknown"
+        return {"version": definition_version(self.digests), "files": files, "on_disk": on_disk}
 
 
 def _as_paths(path_or_paths: str | Path | Iterable[str | Path]) -> list[Path]:
@@ -238,7 +254,53 @@ def load_process(path_or_paths: str | Path | Iterable[str | Path], process_id: s
         config_path=os.path.abspath(config_path) if config_path else None,
         name=getattr(spec, "description", None),
         redact=file_cfg.get("redact") if file_cfg else None,
+        digests=_digests([*bpmn_paths, *decision_paths,
+                          *([config_path] if config_path is not None else []),
+                          *(c.path for c in configfile.called_process_configs(bpmn_paths, config_path))]),
     )
+
+
+# --------------------------------------------------------------------------- versions
+
+_DIGESTS: dict[str, tuple[int, int, str]] = {}  # path -> (mtime_ns, size, sha256): files are read once per edit
+
+
+def file_digest(path: str | Path) -> str | None:
+    """The sha256 of the file's bytes; None when it cannot be read (gone, or on another machine)."""
+    key = os.path.abspath(path)
+    try:
+        st = os.stat(key)
+        known = _DIGESTS.get(key)
+        if known is not None and known[:2] == (st.st_mtime_ns, st.st_size):
+            return known[2]
+        digest = hashlib.sha256(Path(key).read_bytes()).hexdigest()
+    except OSError:
+        return None
+    if len(_DIGESTS) > 4096:
+        _DIGESTS.clear()
+    _DIGESTS[key] = (st.st_mtime_ns, st.st_size, digest)
+    return digest
+
+
+def _digests(paths: Iterable[Path]) -> dict[str, str]:
+    out = {}
+    for p in paths:
+        digest = file_digest(p)
+        if digest is not None:
+            out[os.path.abspath(p)] = digest
+    return out
+
+
+def definition_version(digests: Mapping[str, str]) -> str | None:
+    """12 hex digits naming a definition: the same files (by content, wherever they lie) give the same."""
+    if not digests:
+        return None
+    return hashlib.sha256("\n".join(sorted(digests.values())).encode()).hexdigest()[:12]
+
+
+def _file_now(path: str, digest: str) -> str:
+    now = file_digest(path)
+    return "gone" if now is None else "same" if now == digest else "changed"
 
 
 def _collaboration_name(bpmn_paths: list[Path], collaboration_id: str) -> str | None:
@@ -337,19 +399,24 @@ def _dump(config: ActivityExtensionConfig | None) -> dict[str, Any]:
 
 def _changed_fields(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "", *,
                     flat: bool = False) -> list[str]:
-    """``FIELD OLD -> NEW`` for each field that differs, one level into a nested object
-    (``humanConfirm.timeout``) unless ``flat`` (a SYSTEM value is one value); ``(unset)`` for a
-    field one side does not set."""
+    """``FIELD OLD -> NEW`` for each field that differs, down into nested objects and into lists of
+    one length (``humanConfirm.timeout``, ``conflictPolicy.rules[0].confirm``: values cut short to
+    fit a line would hide what changed) unless ``flat`` (a SYSTEM value is one value); ``(unset)``
+    for a field one side does not set."""
     out = []
     for name in sorted(set(old) | set(new), key=str):
         a, b = old.get(name, _UNSET), new.get(name, _UNSET)
-        if a == b:
-            continue
-        if not flat and not prefix and isinstance(a, Mapping) and isinstance(b, Mapping):
-            out.extend(_changed_fields(a, b, f"{name}."))
-            continue
-        out.append(f"{prefix}{name} {_shown(a)} -> {_shown(b)}")
+        if a != b:
+            out.extend(_changed_value(f"{prefix}{name}", a, b) if not flat else [f"{prefix}{name} {_shown(a)} -> {_shown(b)}"])
     return out
+
+
+def _changed_value(where: str, a: Any, b: Any) -> list[str]:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return _changed_fields(a, b, f"{where}.")
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [line for i, (x, y) in enumerate(zip(a, b)) if x != y for line in _changed_value(f"{where}[{i}]", x, y)]
+    return [f"{where} {_shown(a)} -> {_shown(b)}"]
 
 
 _UNSET = object()

@@ -256,6 +256,8 @@ class Instance:
             "cancelled": self.cancelled,
             "model_fallbacks": self.model_fallbacks(),
             "messages_out": self.messages_out(),
+            # the definition it runs: the one it started with, whatever its files say now
+            "definition": self.process.definition(),
             "contexts": {
                 name: {"parent": info["parent"], "branch_id": info["branch_id"], "gateway": info["gateway"],
                        "status": info["status"], "tokens": self.contexts[name].tokens()}
@@ -687,7 +689,7 @@ class Engine:
             self._save(instance)
             return instance
         self._save(instance)
-        return self.run(instance) if run else instance
+        return self._run_on(instance) if run else instance
 
     def answer_confirmation(self, instance: Instance | str, confirmation_id: str, value: Any, *, run: bool = True,
                             timed_out: bool = False, actor: str = "person", reason: str | None = None,
@@ -724,7 +726,7 @@ class Engine:
             self._save(instance)
             return instance
         self._save(instance)
-        return self.run(instance) if run else instance
+        return self._run_on(instance) if run else instance
 
     def send_event(self, instance: Instance | str, name: str, payload: Any = None, *, kind: str = "message",
                    actor: str = "operator", run: bool = True) -> Instance:
@@ -783,7 +785,15 @@ class Engine:
             raise
         instance.status = "running"
         self._save(instance)
-        return self.run(instance) if run else instance
+        return self._run_on(instance) if run else instance
+
+    def _run_on(self, instance: Instance) -> Instance:
+        """Run on after an answer or an event, saying (``notices``) what of its files changed since the
+        instance started, as ``resume`` does: an answer is no moment to believe an edit applies."""
+        drift = config_file_notices(instance)
+        instance = self.run(instance)
+        instance.notices[:0] = drift
+        return instance
 
     def resume(self, instance: Instance | str, *, answers: Mapping[str, Any] | None = None,
                ask: Callable[[dict[str, Any]], Any] | None = None, by: str | None = None) -> Instance:
@@ -1859,12 +1869,29 @@ def config_file_notices(instance: Instance) -> list[str]:
             "they were asked with); new instances get the new file. To apply a change to this instance, POST "
             f"/api/context-governance/config (instance_id {instance.id!r}, activityId {element_id!r}), or cancel it "
             "and start a new one")
+    notes.extend(definition_file_notices(instance))
     kept = {"system": "SYSTEM (L0) is frozen when an instance starts: the instance keeps its own values",
             "process": "the instance keeps the process options it started with"}
     for section, changed in config_file_section_changes(process).items():
         notes.append(f"the config file {process.config_path} changed since instance {instance.id} started: "
                      f"{section}: {'; '.join(changed)}. {kept[section]}; new instances get the new file")
     return notes
+
+
+def definition_file_notices(instance: Instance) -> list[str]:
+    """A notice for each BPMN or DMN file the instance started from that reads otherwise now: the
+    instance goes on with the definition it started with (its spec travels in its record), so a
+    step added, removed or renamed, a condition or a script changed in the file is not what it
+    runs. (Config files are told field by field; a file that is gone, on a worker of another
+    machine, is no news.)"""
+    definition = instance.process.definition()
+    models = set(instance.process.paths)
+    changed = [f["path"] for f in definition["files"] if f["now"] == "changed" and f["path"] in models]
+    return [f"the file {path} changed since instance {instance.id} started: the instance goes on with the definition "
+            f"it started with (version {definition['version']}; its BPMN travels in its record), so the steps, "
+            "conditions and scripts of the file as it reads now do not apply to it; new instances get the new file. "
+            "To run this instance on the new definition, cancel it (`layerflow cancel ID --reason ...`) and start a "
+            "new one" for path in changed]
 
 
 def settled_answer(instance: Instance, key: str) -> dict[str, Any] | None:

@@ -54,6 +54,7 @@ from .governance import (
     SnapshotArgs,
 )
 from .gateway_steps import option_value
+from .llm import MAX_TOOL_ARGUMENT_CHARS, kept_call
 from .runtime import Engine, Instance
 
 __all__ = ["TOOL_MODELS", "LiveGovernance", "ToolLoopResult", "dispatch_tool", "run_tool_loop", "tool_schemas"]
@@ -125,6 +126,11 @@ def dispatch_tool(service: GovernanceService, instance_id: str, name: str, argum
     model = TOOL_MODELS.get(name)
     if model is None:
         return _error("bad_request", f"unknown tool {name!r}; tools: {', '.join(TOOL_MODELS)}")
+    size = len(arguments) if isinstance(arguments, str) else None
+    if size is not None and size > MAX_TOOL_ARGUMENT_CHARS:
+        # refused unread: a runaway model's megabytes reach no parser, record or tape (the note keeps a head)
+        return _error("validation_error", f"arguments of {name} are {size} characters, over the {MAX_TOOL_ARGUMENT_CHARS} "
+                      "a tool call takes; send the values the tool needs, not whole documents")
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
@@ -314,7 +320,7 @@ def run_tool_loop(service: GovernanceService, instance_id: str, model: str, *, t
     """Let ``model`` govern ``instance_id`` with the tools (litellm ``completion(tools=...)``).
     The tools' results reach the model through ``redact_for_model(result, redact)`` (an open
     conflict's values, say); ``calls`` keeps them as the tools gave them."""
-    from .llm import ENV_API_BASE, ENV_API_KEY, load_litellm
+    from .llm import ENV_API_BASE, ENV_API_KEY, load_litellm, mask_secret
 
     call = completion or load_litellm().completion
     api_base = api_base or os.environ.get(ENV_API_BASE) or None
@@ -331,7 +337,8 @@ def run_tool_loop(service: GovernanceService, instance_id: str, model: str, *, t
                             api_key=api_key, timeout=timeout)
         except Exception as err:  # noqa: BLE001 - litellm raises many types; one error for the caller
             raise ModelError(f"model {model!r} at {api_base or 'the provider default'} failed during the "
-                             f"governance tool loop of instance {instance_id}: {type(err).__name__}: {err}") from err
+                             f"governance tool loop of instance {instance_id}: {type(err).__name__}: "
+                             f"{mask_secret(str(err), api_key)}") from err
         message = _attr(_attr(response, "choices")[0], "message")
         tool_calls = list(_attr(message, "tool_calls") or [])
         content = _attr(message, "content")
@@ -339,10 +346,10 @@ def run_tool_loop(service: GovernanceService, instance_id: str, model: str, *, t
             status, final = "done", content
             history.append({"role": "assistant", "content": content})
             break
-        history.append({"role": "assistant", "content": content, "tool_calls": [
+        history.append({"role": "assistant", "content": content, "tool_calls": [kept_call(
             {"id": _attr(tc, "id"), "type": "function",
              "function": {"name": _attr(_attr(tc, "function"), "name"),
-                          "arguments": _attr(_attr(tc, "function"), "arguments") or "{}"}} for tc in tool_calls]})
+                          "arguments": _attr(_attr(tc, "function"), "arguments") or "{}"}}) for tc in tool_calls]})
         waiting = False
         for tc in tool_calls:
             fn = _attr(tc, "function")

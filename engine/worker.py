@@ -30,7 +30,11 @@ Two guards keep an instance from running twice at once and keep every update:
 An entry is acknowledged once its instance is at rest (completed, waiting, error), or
 when it moves to the dead letters. An instance the worker's store does not hold is a failed
 delivery, not a reason to drop the entry: a worker started on another store than ``submit``
-used must not empty the stream of the work of the others.
+used must not empty the stream of the work of the others. An entry names the store it was
+put on the stream for (``store``: ``store_identity``, a Redis store's database and key prefix, a
+sqlite store's file); a worker of another store leaves it to the workers of that one without
+counting a delivery (given back at once, claimable by them), so one worker started with a typo
+in its ``?prefix=`` does not move the fleet's entries to the dead letters.
 
 **Dead letters.** An entry whose handling fails every time (a record that cannot be
 deserialized, a bug that escapes the engine; a failing *activity* is not one, the engine
@@ -42,6 +46,7 @@ deliveries::
 
     outcome of a delivery                       the entry         counts
     instance at rest                            acknowledged      -
+    entry of another store (wrong --store)      given back        no (left to that store's workers)
     instance not in the store (wrong --store)   left pending      yes
     instance gone while it ran (data lost)      acknowledged      -
     lease held by another worker (busy)         left pending      no (given back)
@@ -143,6 +148,7 @@ class WorkerStats:
     dead: int = 0             # entries moved to the dead-letter stream (and acknowledged)
     timers: int = 0           # instances with a due timer this worker put on the stream
     requeued: int = 0         # running instances of the store put back on a stream the queue had lost
+    other_store: int = 0      # entries of another store (see store_identity) left to that store's workers
     statuses: dict[str, int] = field(default_factory=dict)
 
 
@@ -160,13 +166,15 @@ class DeadLetter:
     group: str
     time: str           # ISO 8601, UTC
     wake: str = ""      # the entry's ``wake`` ("timer": a due timer's), which ``requeue`` puts back with it
+    store: str = ""     # the entry's ``store`` (``store_identity``), which ``requeue`` puts back with it
 
     @classmethod
     def from_entry(cls, dead_id: str, fields: Mapping[str, str]) -> DeadLetter:
         return cls(id=dead_id, instance_id=fields.get("instance_id", ""), entry_id=fields.get("entry_id", ""),
                    deliveries=int(fields.get("deliveries", 0)), error_type=fields.get("error_type", ""),
                    error=fields.get("error", ""), consumer=fields.get("consumer", ""),
-                   group=fields.get("group", ""), time=fields.get("time", ""), wake=fields.get("wake", ""))
+                   group=fields.get("group", ""), time=fields.get("time", ""), wake=fields.get("wake", ""),
+                   store=fields.get("store", ""))
 
 
 # ----------------------------------------------------------------------------- the queue
@@ -266,10 +274,26 @@ def _ensure_group(client: Any, stream: str, group: str) -> None:
             raise
 
 
-def enqueue(client: Any, instance_id: str, *, stream: str = DEFAULT_STREAM, wake: str | None = None) -> str:
+def store_identity(store: object) -> str:
+    """Which store a stream entry is for: a Redis store's database and key prefix, a sqlite store's
+    file (its real path); "" for a store no other process can share (memory). Not a Redis host: one
+    server is reached by other names from other machines."""
+    store = store.store if isinstance(store, InstanceRecords) else store
+    path = getattr(store, "path", None)
+    if isinstance(path, (str, Path)) and str(path) != ":memory:":
+        return f"sqlite {os.path.realpath(path)}"
+    redis, prefix = getattr(store, "redis", None), getattr(store, "prefix", None)
+    if redis is not None and isinstance(prefix, str):
+        return f"redis db {redis.connection_pool.connection_kwargs.get('db', 0)} prefix {prefix!r}"
+    return ""
+
+
+def enqueue(client: Any, instance_id: str, *, stream: str = DEFAULT_STREAM, wake: str | None = None,
+            store: str = "") -> str:
     """XADD the instance id; returns the entry id. ``wake="timer"``: the instance waits for a
-    timer that is due, and the worker runs it although it is at rest."""
-    fields = {"instance_id": instance_id, **({"wake": wake} if wake else {})}
+    timer that is due, and the worker runs it although it is at rest. ``store``: the
+    ``store_identity`` of the store that holds it (workers of another store leave the entry)."""
+    fields = {"instance_id": instance_id, **({"wake": wake} if wake else {}), **({"store": store} if store else {})}
     return str(client.xadd(stream, fields))
 
 
@@ -282,9 +306,10 @@ def requeue_running(store: str | Store, client: Any, stream: str = DEFAULT_STREA
     is queued twice, which is harmless: its lease keeps a second worker away, and an entry whose
     instance is at rest is acknowledged without running it. Waiting instances are not queued (a
     timer that comes due is queued by the workers' scan; a person's answer runs the instance)."""
-    ids = [str(s["instance_id"]) for s in _store(store).list_instances(status="running")]
+    store = _store(store)
+    ids = [str(s["instance_id"]) for s in store.list_instances(status="running")]
     for instance_id in ids:
-        enqueue(client, instance_id, stream=stream, wake="requeue")
+        enqueue(client, instance_id, stream=stream, wake="requeue", store=store_identity(store))
     return ids
 
 
@@ -297,7 +322,7 @@ def enqueue_due_timers(engine: Engine, client: Any, stream: str = DEFAULT_STREAM
     for item in engine.due_timers():
         marker = f"{stream}:timer:{item['instance_id']}:{item['id']}:{item['due']}"
         if client.set(marker, "1", nx=True, ex=24 * 3600):  # this due time is queued once
-            enqueue(client, item["instance_id"], stream=stream, wake="timer")
+            enqueue(client, item["instance_id"], stream=stream, wake="timer", store=store_identity(engine.store))
             queued += 1
     return queued
 
@@ -389,7 +414,7 @@ def requeue(client: Any, dead_id: str, stream: str = DEFAULT_STREAM, *, dead_str
                 # with its wake: a due timer's entry without it finds the instance waiting (at rest) and is
                 # acknowledged without firing the timer, which the scan marked queued for a day
                 pipe.xadd(stream, {"instance_id": letter.get("instance_id", ""),
-                                   **({"wake": letter["wake"]} if letter.get("wake") else {})})
+                                   **{k: letter[k] for k in ("wake", "store") if letter.get(k)}})
                 pipe.xdel(dead, dead_id)
                 new_id, _deleted = pipe.execute()
                 return str(new_id)
@@ -448,18 +473,19 @@ class _Queue:
         rows = conn.xpending_range(self.stream, self.group, min=entry_id, max=entry_id, count=1)
         return rows[0] if rows else None
 
-    def give_back(self, entry_id: str, *, to: str | None = None) -> None:
+    def give_back(self, entry_id: str, *, to: str | None = None, idle_ms: int = 0) -> None:
         """Undo this delivery's count (busy, conflict, store down are not the entry's fault).
 
         Read then write: a takeover in between loses its count, which errs toward retrying.
         Owner (or ``to``: the worker it was taken over from) and idle time stay as they were, so the
-        entry is taken over when it would have been, and its next taker names who left it.
+        entry is taken over when it would have been, and its next taker names who left it;
+        ``idle_ms``: at least this idle, so another worker may take it over at once.
         """
         pending = self._pending(self.client, entry_id)
         if pending is None:
             return  # acknowledged meanwhile
         self.client.xclaim(self.stream, self.group, to or pending["consumer"], 0, [entry_id],
-                           idle=pending["time_since_delivered"],
+                           idle=max(pending["time_since_delivered"], idle_ms),
                            retrycount=max(pending["times_delivered"] - 1, 0), justid=True)
 
     def dead_letter(self, entry_id: str, letter: Mapping[str, str], *, deliveries: int) -> tuple[int, str | None]:
@@ -545,7 +571,7 @@ def submit(store_url: str | Store, process_path: str | Path | Iterable[str | Pat
         raise _queue_down(client, err) from err
     instance = _engine(store, None, None)._create(process, ctx, wf, instance_id=instance_id)
     try:
-        enqueue(client, instance.id, stream=stream)
+        enqueue(client, instance.id, stream=stream, store=store_identity(store))
     except _redis_down() as err:
         # no `running` instance that no worker will ever hear of
         store.delete(instance.id)
@@ -606,6 +632,7 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
             raise _queue_down(client, err) from err
     log.info("worker %s: running the instances put on stream %r (group %r); Ctrl-C or SIGTERM stops it after the "
              "instance in hand", consumer, stream, group)
+    other_store = _other_store_check(queue, store, consumer, idle_ms, stats)
     restore = _stop_on_signals(stop, consumer)
     cursor = "0-0"
     pause = 0.0
@@ -626,12 +653,14 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                     stream, group, min=cursor, max="+", count=1, idle=idle_ms)}
                 cursor, claimed, _deleted = client.xautoclaim(stream, group, consumer, min_idle_time=idle_ms,
                                                               start_id=cursor, count=1)
-                entries = [(eid, fields) for eid, fields in claimed if fields]
+                entries = [(eid, fields) for eid, fields in claimed
+                           if fields and not other_store(eid, fields, owners.get(eid))]
                 stats.reclaimed += len(entries)
                 taken_over = bool(entries)
                 if not entries:
                     reply = client.xreadgroup(group, consumer, {stream: ">"}, count=1, block=block_ms)
-                    entries = [e for _, batch in reply for e in batch]
+                    entries = [(eid, fields) for _, batch in reply for eid, fields in batch
+                               if not other_store(eid, fields, None)]
                 for entry_id, fields in entries:
                     _handle(engine, store, queue, consumer, ttl, max_deliveries, entry_id, fields, stats,
                             taken_over=taken_over, previous=owners.get(entry_id))
@@ -670,6 +699,34 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
         restore()
         _leave(client, stream, group, consumer)
     return stats
+
+
+def _other_store_check(queue: _Queue, store: Store, consumer: str, idle_ms: int,
+                       stats: WorkerStats) -> Callable[[str, Mapping[str, str], str | None], bool]:
+    """``check(entry_id, fields, previous)``: True when the entry names another store than this
+    worker's; the delivery is then given back uncounted, at once claimable by that store's workers
+    (to ``previous``, the worker it was taken over from, when there was one), and logged once per
+    entry. An entry that names no store (put there by a layerflow from before) is this worker's."""
+    own = store_identity(store)
+    told: dict[str, None] = {}  # the entries logged, bounded as the worker runs for months
+
+    def check(entry_id: str, fields: Mapping[str, str], previous: str | None) -> bool:
+        theirs = fields.get("store", "")
+        if not theirs or not own or theirs == own:
+            return False
+        stats.other_store += 1
+        queue.give_back(entry_id, to=previous, idle_ms=idle_ms)
+        if entry_id not in told:
+            told[entry_id] = None
+            if len(told) > 10_000:
+                del told[next(iter(told))]
+            log.warning("entry %s: instance %s was submitted to the store %s, not to this worker's (%s, --store %s): "
+                        "left to the workers of that store, uncounted. Start this worker with the --store `layerflow "
+                        "submit` used, or give the two stores streams of their own (--stream)", entry_id,
+                        fields.get("instance_id", ""), theirs, own, _store_label(store))
+        return True
+
+    return check
 
 
 def _leave(client: Any, stream: str, group: str, consumer: str) -> None:
@@ -763,7 +820,7 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
         if taken_over:
             # more deliveries than allowed and no failure recorded: its workers died on it;
             # do not run it again (it may be what kills them)
-            letter = _letter(entry_id, instance_id, consumer, queue.group, None, fields.get("wake"))
+            letter = _letter(entry_id, instance_id, consumer, queue.group, None, fields.get("wake"), fields.get("store"))
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries + 1)
             if dead_id is not None:
                 stats.dead += 1
@@ -772,11 +829,15 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
                 return
         retry = None
         begun = None
-        if taken_over:
-            pending = queue._pending(queue.client, entry_id)
-            retry = {"entry_id": entry_id, "delivery": int(pending["times_delivered"]) if pending else 0,
-                     "previous_consumer": previous or "", "consumer": consumer}
+        pending = queue._pending(queue.client, entry_id) if taken_over else None
+        if pending is not None:
             begun = queue.begun(instance_id)
+            # a first delivery with no activity begun is no retry: the deliveries before it were given
+            # back unrun (another store's worker left it, a lease was busy). One given back after an
+            # activity began (the store went down under it) is: that activity runs again.
+            if int(pending["times_delivered"]) > 1 or begun is not None:
+                retry = {"entry_id": entry_id, "delivery": int(pending["times_delivered"]),
+                         "previous_consumer": previous or "", "consumer": consumer}
         try:
             _run_to_rest(engine, entry_id, instance_id, stats, wake=fields.get("wake"), store=store,
                          lease_check=heartbeat.check, retry=retry, begun=begun,
@@ -805,10 +866,10 @@ def _handle(engine: Engine, store: Store, queue: _Queue, consumer: str, ttl: flo
             queue.give_back(entry_id)
         except Exception as err:  # noqa: BLE001 - the engine turns activity failures into status "error"; this is a bug
             stats.failures += 1
-            letter = _letter(entry_id, instance_id, consumer, queue.group, err, fields.get("wake"))
+            letter = _letter(entry_id, instance_id, consumer, queue.group, err, fields.get("wake"), fields.get("store"))
             count, dead_id = queue.dead_letter(entry_id, letter, deliveries=max_deliveries)
             # a store's own error (a damaged record, a lost tape) says what is wrong: its stack adds nothing
-            trace = None if isinstance(err, StoreError) else err
+            trace = None if isinstance(err, (StoreError, NotInWorkerStore)) else err
             if dead_id is None:
                 log.warning("entry %s: instance %r could not be run (failed delivery %d of %d%s); leaving the entry "
                             "pending", entry_id, instance_id, count, max_deliveries,
@@ -833,6 +894,13 @@ def _store_label(store: Any) -> str:
     """The store as errors name it (a Redis password masked, as the store's repr does)."""
     label = repr(store)
     return label[1:-1] if label.startswith("<") and label.endswith(">") else label
+
+
+class NotInWorkerStore(LayerflowError):
+    """The entry's instance is not in the worker's store (another --store than `submit` used, or
+    deleted): a failed delivery, its message says all (no traceback of the worker's own code)."""
+
+    kind = "not_found"
 
 
 class _Vanished(LayerflowError):
@@ -862,7 +930,7 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
         # sqlite file, prefix or db) would otherwise empty the stream of the work of every
         # worker. A failed delivery instead: a worker on the right store takes it over after
         # idle_ms, and one that never finds it ends in the dead letters, to be requeued.
-        raise LayerflowError(
+        raise NotInWorkerStore(
             f"instance {instance_id!r} is not in this worker's store {_store_label(store or engine.store)}: either this "
             f"worker's --store is not the one `layerflow submit` used (start it with that store, then "
             f"`layerflow worker requeue` this dead letter), or the instance was deleted (nothing to do)") from None
@@ -894,11 +962,26 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
                         "(with the same --store)", instance_id, instance.process_id, instance.error.get("kind"),
                         f" at {task}" if task else "", instance.error.get("message"), instance_id)
         else:
-            log.info("instance %s (%s): %s", instance_id, instance.process_id, instance.status)
+            log.info("instance %s (%s): %s%s", instance_id, instance.process_id, instance.status, _waits_for(instance))
     if instance.status not in AT_REST:
         raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
                              f"be one of {', '.join(AT_REST)}")
     stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
+
+
+def _waits_for(instance: Instance) -> str:
+    """`` for confirmation GATEWAY/KEY (due ...); timer TASK (due ...)``: what a waiting instance waits for,
+    for the worker's log ("" when it waits for nothing)."""
+    items = []
+    for w in instance.to_document()["waiting_for"]:
+        if w["kind"] == "confirmation":
+            what = f"confirmation {w['id']}"
+        elif w.get("event"):
+            what = f"{w.get('event_kind', 'event')} {w['event']!r} at {w['task_id']}"
+        else:
+            what = f"{w['kind'].replace('_', ' ')} {w['task_id']}"
+        items.append(what + (f" (due {w['due']})" if w.get("due") else ""))
+    return f" for {'; '.join(items)}" if items else ""
 
 
 def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any],
@@ -923,7 +1006,7 @@ def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any],
 
 
 def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: BaseException | None,
-            wake: str | None = None) -> dict[str, str]:
+            wake: str | None = None, store: str | None = None) -> dict[str, str]:
     if err is None:
         error_type, error = "", ("no outcome recorded: the workers that took the entry stopped before finishing it "
                                  "(killed, out of memory?)")
@@ -931,7 +1014,7 @@ def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: Bas
         error_type, error = type(err).__name__, str(err)[:ERROR_CHARS]
     return {"instance_id": instance_id, "entry_id": entry_id, "error_type": error_type, "error": error,
             "consumer": consumer, "group": group, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            **({"wake": wake} if wake else {})}
+            **({"wake": wake} if wake else {}), **({"store": store} if store else {})}
 
 
 def _log_dead(queue: _Queue, entry_id: str, instance_id: str, count: int, dead_id: str, letter: Mapping[str, str],

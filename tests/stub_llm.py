@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -35,8 +35,9 @@ class Reply:
     body: str | None = None  # raw body, overrides everything else
     finish_reason: str = "stop"  # "length": the reply was cut at max_tokens
     headers: tuple[tuple[str, str], ...] = ()  # extra response headers (Retry-After, ...)
-    usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 7,
-                                                           "total_tokens": 18})
+    usage: dict[str, int] | None = field(default_factory=lambda: {"prompt_tokens": 11, "completion_tokens": 7,
+                                                                  "total_tokens": 18})  # None: no usage sent
+    tool_calls: tuple[dict[str, Any], ...] = ()  # OpenAI tool calls (``Reply.calls``)
 
     @classmethod
     def json(cls, value: Any, **kw: Any) -> "Reply":
@@ -47,6 +48,14 @@ class Reply:
         return cls(content=content, **kw)
 
     @classmethod
+    def calls(cls, *calls: tuple[str, Any], **kw: Any) -> "Reply":
+        """A turn of tool calls: ``(name, arguments)`` pairs, arguments a JSON value or the raw text sent."""
+        made = tuple({"id": f"call_{n}", "type": "function",
+                      "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}}
+                     for n, (name, args) in enumerate(calls))
+        return cls(content=None, tool_calls=made, finish_reason="tool_calls", **kw)
+
+    @classmethod
     def error(cls, status: int = 500, message: str = "stub failure", **kw: Any) -> "Reply":
         return cls(status=status, body=json.dumps({"error": {"message": message, "type": "server_error",
                                                              "code": status}}), **kw)
@@ -54,8 +63,7 @@ class Reply:
     @classmethod
     def sleep(cls, seconds: float, then: "Reply | None" = None) -> "Reply":
         then = then or cls.text("{}")
-        return cls(content=then.content, status=then.status, delay=seconds, body=then.body, usage=then.usage,
-                   finish_reason=then.finish_reason, headers=then.headers)
+        return replace(then, delay=seconds)
 
 
 class StubLLM:
@@ -106,15 +114,19 @@ class StubLLM:
                 if reply.body is not None:
                     payload = reply.body.encode()
                 else:
-                    payload = json.dumps({
+                    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+                    if reply.tool_calls:
+                        message["tool_calls"] = list(reply.tool_calls)
+                    completion = {
                         "id": f"chatcmpl-stub-{len(stub.requests)}",
                         "object": "chat.completion",
                         "created": 1700000000,
                         "model": body.get("model", stub.model),
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.content},
-                                     "finish_reason": reply.finish_reason}],
-                        "usage": reply.usage,
-                    }).encode()
+                        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason}],
+                    }
+                    if reply.usage is not None:
+                        completion["usage"] = reply.usage
+                    payload = json.dumps(completion).encode()
                 try:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")

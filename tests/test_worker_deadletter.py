@@ -117,16 +117,21 @@ def test_requeue_gives_a_fresh_count_and_a_repaired_instance_completes(queue, st
         requeue(client, again.id, stream)
 
 
-def test_a_worker_on_another_store_does_not_drop_the_entry(queue, store):
+def test_a_worker_on_another_store_does_not_drop_the_entry(queue, store, caplog):
     """A worker started with another --store than `submit` used (another sqlite file, prefix
     or db) finds no instance: that is a failed delivery that names the store and the fix, not
-    an acknowledgement that would take the work away from the workers on the right store."""
+    an acknowledgement that would take the work away from the workers on the right store. Its
+    log lines say so without a traceback of the worker's own code (one per delivery, before)."""
     client, stream = queue
     instance_id = submit(store, LOAN, FULL, stream=stream, client=client)
     elsewhere = open_store(f"memory://elsewhere-{uuid.uuid4().hex}")
 
-    stats = work(elsewhere, stream, max_deliveries=2)
+    with caplog.at_level("WARNING", logger="layerflow.worker"):
+        stats = work(elsewhere, stream, max_deliveries=2)
     assert (stats.acked, stats.dead, stats.failures) == (0, 1, 2), stats
+    told = [r for r in caplog.records if instance_id in r.getMessage()]
+    assert len(told) == 2 and all(r.exc_info is None for r in told), [(r.getMessage(), r.exc_info) for r in told]
+    assert "is not in this worker's store" in told[0].getMessage()
     [letter] = dead_letters(client, stream)
     assert letter.instance_id == instance_id
     assert instance_id in letter.error and "memory://elsewhere-" in letter.error and "--store" in letter.error

@@ -43,9 +43,14 @@ def _uuids_numbered(text: str) -> str:
 
 def _canonical(value: Any, folder: Path) -> Any:
     """Task ids numbered in the order the engine lists them (before any sorting by the random
-    ids), SpiffWorkflow's wall-clock stamps dropped, file paths relative to the repository."""
+    ids), SpiffWorkflow's wall-clock stamps dropped, file paths relative to the repository; the
+    digests of the files a process was loaded from (its definition's version) dropped too: they
+    change with every edit of an example, which is not what the recording is about."""
     text = _uuids_numbered(json.dumps(value, default=repr)).replace(str(ROOT) + "/", "").replace(str(folder) + "/", "")
-    return json.loads(text, object_hook=lambda d: {k: v for k, v in d.items() if k != "last_state_change"})
+    return json.loads(text, object_hook=lambda d: {k: v for k, v in d.items() if k not in _UNRECORDED})
+
+
+_UNRECORDED = frozenset({"last_state_change", "digests", "definition"})
 
 
 def _play(path: Path, data: dict[str, Any], then: Callable[[Engine, Instance], Instance] | None = None,

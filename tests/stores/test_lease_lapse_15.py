@@ -45,13 +45,15 @@ def scratch() -> Iterator[str]:
     drop_prefix(REDIS, prefix)
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 20) -> Any:
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 20, interval: float = 0.05) -> Any:
+    """``check()``'s first true answer, asked every ``interval`` seconds (a check that runs a CLI command in this
+    process takes CPU from the workers it waits for: ask it less often)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         got = check()
         if got:
             return got
-        time.sleep(0.05)
+        time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}")
 
 
