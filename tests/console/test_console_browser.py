@@ -306,6 +306,9 @@ def test_a_user_task_form_is_shown_and_checked(tmp_module: Path, context: Any) -
         area.fill('{"approved": true, "amount": "abc"}')
         card.locator("button", has_text="Complete").click()
         expect(card.locator(".error")).to_contain_text("field 'amount'")
+        # the refusal reloads the instance and redraws the card with the refused draft, and only then
+        # enables Complete again: an answer typed before that redraw would be replaced by the draft
+        expect(card.locator("button", has_text="Complete")).to_be_enabled()
         assert server.api("GET", f"/api/instances/{iid}")["status"] == "waiting"
 
         area.fill('{"approved": true, "amount": 120}')
