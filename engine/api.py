@@ -928,10 +928,13 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                         **route_responses("list_instances")})
     def list_instances(status: Status | None = Query(default=None, description="only this status"),
                        process_id: str | None = Query(default=None, description="only the instances of this process"),
+                       limit: int | None = Query(default=None, ge=1, description="at most this many"),
+                       offset: int = Query(default=0, ge=0, description="skip this many of those selected first"),
                        s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
-        """Instance summaries, newest first, each naming who holds its lease right now (``held_by``)."""
-        return s.list_instances(status, holders=True, process_id=process_id)
+        """Instance summaries, newest first, each naming who holds its lease right now (``held_by``);
+        ``limit`` and ``offset`` page through them."""
+        return s.list_instances(status, holders=True, process_id=process_id, limit=limit, offset=offset)
 
     @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
               responses=document_responses("start", 201))

@@ -1327,12 +1327,14 @@ def _still_due(engine: Engine, instance: Instance) -> bool:
               help="only the instances of this status (as GET /api/instances?status=)")
 @click.option("--process", "process_id", default=None, metavar="PROCESS_ID",
               help="only the instances of this process (as GET /api/instances?process_id=)")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="at most N instances (as ?limit=)")
+@click.option("--offset", type=click.IntRange(min=0), default=0, help="skip the first N selected (as ?offset=)")
 @_store_option
 @_queue_option
 @_stream_option
 @_json_option
-def list_instances(status: str | None, process_id: str | None, store: str | None, queue: str | None, stream: str,
-                   as_json: bool) -> None:
+def list_instances(status: str | None, process_id: str | None, limit: int | None, offset: int, store: str | None,
+                   queue: str | None, stream: str, as_json: bool) -> None:
     """Instances in the store, newest first; one that a worker, `resume` or the server runs right now
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
     waiting one whose timer or answer is being run from one that still waits; one whose entry is in
@@ -1340,7 +1342,8 @@ def list_instances(status: str | None, process_id: str | None, store: str | None
     from .governance import instance_rows
 
     engine = _existing_engine(store, None, as_json)
-    rows = instance_rows(engine.store, status, holders=True, process_id=process_id) if engine is not None else []
+    rows = (instance_rows(engine.store, status, holders=True, process_id=process_id, limit=limit, offset=offset)
+            if engine is not None else [])
     letters = _dead_letter_ids(store, queue, stream) if rows else {}
     for r in rows:  # only on the rows that have one: the others are GET /api/instances's rows as they are
         if r["status"] in ("running", "waiting") and r["id"] in letters:

@@ -910,13 +910,14 @@ class SnapshotNotFound(ContextKeyError):
 
 
 def instance_rows(store: Any, status: str | None = None, *, holders: bool = False,
-                  process_id: str | None = None) -> list[dict[str, Any]]:
+                  process_id: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
     """The store's instances, newest first (of one ``status`` and one ``process_id``, when given), each
     with ``instance_id`` as ``run --json`` names it beside the store's ``id``: GET /api/instances and
-    ``layerflow list --json`` alike. ``holders``: each with ``held_by`` (a lease lookup per row, so only
-    for a listing someone reads)."""
+    ``layerflow list --json`` alike; ``limit`` of them from the ``offset``-th on. ``holders``: each with
+    ``held_by`` (a lease lookup per row, so only for a listing someone reads)."""
     rows = [{"instance_id": r["id"], **r} for r in store.list()
             if (status is None or r.get("status") == status) and (process_id is None or r.get("process_id") == process_id)]
+    rows = rows[offset:] if limit is None else rows[offset:offset + limit]
     if holders:
         for r in rows:
             r["held_by"] = held_by(store, r["id"], r["status"])
@@ -1147,10 +1148,11 @@ class GovernanceService:
         return {**(entry or {"id": process_id}), "start_form": start_form}
 
     def list_instances(self, status: str | None = None, *, holders: bool = False,
-                       process_id: str | None = None) -> list[dict[str, Any]]:
-        """Summaries, newest first; ``holders``: each with ``held_by`` (a lease lookup per row, so
-        only for a listing someone reads)."""
-        return instance_rows(self.engine.store, status, holders=holders, process_id=process_id)
+                       process_id: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+        """Summaries, newest first (``instance_rows``); ``holders``: each with ``held_by`` (a lease
+        lookup per row, so only for a listing someone reads)."""
+        return instance_rows(self.engine.store, status, holders=holders, process_id=process_id, limit=limit,
+                             offset=offset)
 
     def document(self, instance_id: str) -> dict[str, Any]:
         """The instance's `run --json` document, plus its version and who holds its lease."""

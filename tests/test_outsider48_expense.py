@@ -348,6 +348,18 @@ def test_the_instance_list_filters_by_process(call: Client) -> None:
     assert ok(call("GET", "/api/instance-summaries", params={"process_id": "loan_approval"})) == []
 
 
+def test_the_instance_list_pages_with_limit_and_offset(call: Client) -> None:
+    """A client at scale pages the list as it pages a tape (``limit`` and ``offset`` were refused as unknown)."""
+    started = [start(call, "meals") for _ in range(3)]
+    whole = [row["instance_id"] for row in ok(call("GET", "/api/instances", params={"process_id": PROCESS}))]
+    assert set(started) <= set(whole)
+    pages = [row["instance_id"] for offset in range(0, len(whole), 2)
+             for row in ok(call("GET", "/api/instances", params={"process_id": PROCESS, "limit": 2, "offset": offset}))]
+    assert pages == whole
+    assert ok(call("GET", "/api/instances", params={"offset": len(whole) + 100, "process_id": PROCESS})) == []
+    refused(call("GET", "/api/instances", params={"limit": 0}), 422, "validation_error", "query.limit")
+
+
 def test_paging_through_the_whole_tape_loses_no_event(call: Client) -> None:
     iid, _ = to_the_join(call, "hotel", 300, 0, "rejected")
     whole = ok(call("GET", "/api/instances/{instance_id}/tape", iid))
@@ -385,6 +397,10 @@ def test_layerflow_list_filters_by_process_as_rest_does(tmp_path: Path) -> None:
 
     assert listed("--process", PROCESS) == [iid] == listed("--process", PROCESS, "--status", "waiting")
     assert listed("--process", "loan_approval") == []
+    second = CliRunner().invoke(main, ["run", str(HERE / "expense.bpmn"), "--data", data, "--store", store, "--json"])
+    newer = json.loads(second.stdout)["instance_id"]
+    assert listed("--limit", "1") == [newer] and listed("--limit", "1", "--offset", "1") == [iid]
+    assert listed("--offset", "2") == []
 
 
 def test_layerflow_tape_pages_with_offset_as_rest_does(call: Client, folder: Path) -> None:
