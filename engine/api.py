@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request
+from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -938,9 +938,12 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
               responses=document_responses("start", 201))
-    def start(body: StartRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
-        """Start a catalog process by id and run it until it completes, waits or fails."""
-        return s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
+    def start(body: StartRequest, response: Response, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Start a catalog process by id and run it until it completes, waits or fails; the answer's
+        ``Location`` is the new instance's document."""
+        doc = s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
+        response.headers["Location"] = f"/api/instances/{doc['instance_id']}"
+        return doc
 
     @app.get("/api/instances/{instance_id}", tags=["instances"], response_model=None,
              responses=answer_responses("document", InstanceView, "the instance's document, as it is now"))

@@ -348,6 +348,15 @@ def test_the_instance_list_filters_by_process(call: Client) -> None:
     assert ok(call("GET", "/api/instance-summaries", params={"process_id": "loan_approval"})) == []
 
 
+def test_a_started_instance_is_located(call: Client) -> None:
+    """201 Created names where the new instance is (``Location``), as an HTTP client expects of a create."""
+    created = call("POST", "/api/instances", body={"process_id": PROCESS, "data": {
+        "expense_id": "EXP-loc", "employee": "ann", "category": "meals", "rounds": 0}})
+    iid = ok(created, 201)["instance_id"]
+    assert created.headers["location"] == f"/api/instances/{iid}"
+    assert ok(call("GET", "/api/instances/{instance_id}", iid))["instance_id"] == iid
+
+
 def test_the_instance_list_pages_with_limit_and_offset(call: Client) -> None:
     """A client at scale pages the list as it pages a tape (``limit`` and ``offset`` were refused as unknown)."""
     started = [start(call, "meals") for _ in range(3)]
