@@ -271,7 +271,9 @@ def _fix_hint(instance: Instance, at: str) -> str | None:
 def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     doc = _instance_document(instance)
     if out.as_json:
-        out.doc(doc)
+        # what the command did not do that it was asked to (an answer it did not use, and why), as
+        # REST's reply to a request that ran the instance carries them; stderr has them too
+        out.doc({**doc, "notices": list(instance.notices)})
         return
     lines = [f"instance {instance.id} ({instance.process_id}): {instance.status}"]
     if store is not None and store.lower().startswith("memory://") and instance.status in ("waiting", "error"):

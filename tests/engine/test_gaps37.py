@@ -142,6 +142,9 @@ def test_a_star_answer_no_confirmation_took_is_named(cli: Any, api: tuple[str, s
     started = post(url, "/api/instances", {"process_id": "parallel_user_task", "data": {"title": "Q3"}}).json()
     resumed = post(url, f"/api/instances/{started['instance_id']}/resume", {"answers": {"confirmations": {"*": True}}})
     assert resumed.status_code == 200 and any("'*'" in n for n in resumed.json()["notices"]), resumed.text
+    # `resume --json` carries them as REST's reply does (a script reads stdout, not stderr's prose)
+    as_json = cli("resume", doc["instance_id"], "--answer", "*=true", "--json")
+    assert as_json.exit_code == 3 and any("'*'" in n for n in json.loads(as_json.stdout)["notices"]), as_json.stdout
 
 
 # ----------------------------------------------------------------------------- 5. JSON in messages
