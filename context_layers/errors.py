@@ -126,7 +126,8 @@ class ContextValueError(LayerflowError, TypeError):
             super().__init__(f"key {key!r}{place} cannot name a context entry: it {detail}")
         else:
             super().__init__(f"value for key {key!r}{place} is not JSON-compatible: {detail}; "
-                             "write None, bool, int, float, str, list or dict with str keys")
+                             "write a JSON value: null, true or false, a finite number, a string, a list or an object "
+                             "with string keys")
 
 
 class ContextKeyError(LayerflowError, KeyError):

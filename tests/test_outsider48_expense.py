@@ -479,3 +479,15 @@ def test_a_refused_request_does_not_make_the_clients_version_stale(call: Client)
     refused(call("POST", "/api/instances/{instance_id}/events", iid, body={
         "name": "receipt_received", "payload": {"receipt_id": "R-7"}, "expected_version": read + 1}), 409,
         "version_conflict")
+
+
+def test_a_nan_in_start_data_is_refused_in_json_terms(call: Client) -> None:
+    """A client's JSON encoder that lets NaN through (Python's does) sent start data the engine cannot keep:
+    the refusal spoke Python ("write None, bool, int, ...") to an HTTP client; it names JSON's values."""
+    body = ('{"process_id": "%s", "data": {"expense_id": "EXP-nan", "employee": "ann", "category": "meals", '
+            '"rounds": 0, "limit": NaN}}' % PROCESS)
+    r = call("POST", "/api/instances", content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    message = r.json()["error"]["message"]
+    assert "limit" in message and "None, bool" not in message, message
+    assert "null, true or false, a finite number" in message, message
