@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.api import create_app
+from tests.engine.engine_helpers import redis_scratch, stop_all
 from tests.stores.test_lease_lapse_15 import wait_for
 
 ROOT = Path(__file__).resolve().parent
@@ -58,30 +58,16 @@ TOKEN = "ops36-token"
 def scene(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A key prefix and stream of one test's own on DB 14; its keys, and the processes it started, go
     afterwards."""
-    import redis
-
-    client = redis.Redis.from_url(REDIS, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as err:
-        pytest.skip(f"no Redis answers on {REDIS}: {err}")
-    name = f"workers36{uuid.uuid4().hex[:8]}"
     procs: list[subprocess.Popen[str]] = []
     side = tmp_path / "side_effects.log"
     side.write_text("")
     env = dict(os.environ, PYTHONPATH=str(ROOT.parent), OPS36_SIDE_EFFECTS=str(side), OPS36_SLOW_S="1.0")
-    try:
-        yield {"name": name, "store": f"{REDIS}?prefix={name}", "stream": f"{name}-ready", "procs": procs, "env": env,
-               "side": side, "tmp": tmp_path}
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-        keys = list(client.scan_iter(match=f"{name}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        client.close()
+    with redis_scratch(REDIS, "workers36") as name:
+        try:
+            yield {"name": name, "store": f"{REDIS}?prefix={name}", "stream": f"{name}-ready", "procs": procs,
+                   "env": env, "side": side, "tmp": tmp_path}
+        finally:
+            stop_all(procs)
 
 
 def cli(scene: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:

@@ -195,6 +195,14 @@ def redis_scratch(url: str, name: str) -> Iterator[str]:
         client.close()
 
 
+def stop_all(procs: list[Any]) -> None:
+    """Kill what of the processes a test started still runs, and reap every one of them."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
 @contextmanager
 def store_url(kind: str, sqlite_file: Path, redis_url: str, name: str) -> Iterator[str]:
     """A store URL of ``kind``: ``sqlite`` (the file), or ``redis`` (a key prefix of its own on the

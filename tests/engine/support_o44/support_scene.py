@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.engine.engine_helpers import redis_scratch
+from tests.engine.engine_helpers import redis_scratch, stop_all
 from tests.engine.support_o44.support_stub import SupportStub, fake_completion
 from tests.stores.test_lease_lapse_15 import wait_for
 from tests.test_outsider_ops36 import comparable as ops36_comparable
@@ -46,10 +46,7 @@ def scene(tmp_path: Path, stub_url: str) -> Iterator[dict[str, Any]]:
             yield {"name": name, "store": f"{REDIS}?prefix={name}", "stream": f"{name}-ready", "procs": procs,
                    "env": env, "tmp": tmp_path}
         finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait(timeout=10)
+            stop_all(procs)
 
 
 @contextmanager
