@@ -998,8 +998,8 @@ class Engine:
         return sorted(due, key=lambda item: _utc(item["due"]))
 
     def run_process(self, process: Process, data: Mapping[str, Any] | None = None, **kw: Any) -> Instance:
-        """``run(process, data, ...)``."""
-        return self.run(process, data, **kw)
+        with self.starting(process, data, answers=kw.get("answers")) as started:  # as run(process, data, ...)
+            return self.run(started, **kw)
 
     # ----- internals -----------------------------------------------------------------
 
