@@ -189,3 +189,25 @@ def test_a_large_dispute_through_the_cli_with_save_and_resume_at_each_wait(tmp_p
     code, before, _ = layerflow(store, "replay", iid, "--until", str(tape[0]["seq"]), "--json")
     assert code == 0
     assert "evidence" not in before["layers"]["L3"] and "liability" not in before["layers"]["L3"]
+
+
+def test_a_step_that_reads_what_a_rollback_took_away_names_the_rollback(tmp_path: Path) -> None:
+    """An operator rolls the dispute back to the snapshot from before the merchant's evidence came; the
+    process stays at the analyst (README: "the process does not go back with it ... a later step that
+    reads such a key fails naming it, and `layerflow resume ID --set KEY=VALUE` gives it back"). The
+    failure must say the rollback took ``evidence`` away, not send the operator looking for a start-data
+    key or a form field the analyst left out: the message that brought it will never come again."""
+    store = f"sqlite:///{tmp_path / 'disputes.db'}"
+    engine = Engine(store)
+    inst = engine.run(engine.start(load_process(FILES), SMALL))
+    inst = engine.send_event(inst.id, "merchant_evidence", {"signed_receipt": True})
+    code, out, err = layerflow(store, "rollback", inst.id, "before evidence_in", "--json")
+    assert code == 0, err
+    assert "evidence" not in out["layers"]["L3"]
+    code, doc, _ = layerflow(store, "resume", inst.id, "--answer", 'analyst_review={"decision": "represent"}', "--json")
+    assert code == 1 and doc["error"]["task_id"] == "submit_to_issuer"
+    message = doc["error"]["message"]
+    assert "NameError" in message and "'evidence'" in message
+    assert "rollback" in message and out["snapshot_id"] in message and f"event {out['event_seq']}" in message
+    assert "--set evidence=" in message
+    assert "the start data" not in message and "answer it there" not in message
