@@ -73,6 +73,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -1546,7 +1547,7 @@ def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
         expression = task.workflow.script_engine.evaluate(task, ed.expression)
         if isinstance(ed, DurationTimerEventDefinition):
             try:
-                parsed = TimerEventDefinition.parse_iso_duration(str(expression))
+                parsed = parse_duration(str(expression))
             except Exception as err:
                 raise ValueError(_timer_value_problem("timeDuration", ed.expression, expression,
                                                       '"PT1H" or "P2DT30M"')) from err
@@ -1570,8 +1571,35 @@ def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
 
 def _timer_value_problem(field: str, expression: str, value: Any, example: str) -> str:
     what = "duration" if field == "timeDuration" else "date and time"
-    return (f"its {field} {expression!r} gave {value!r} ({type(value).__name__}), which is no ISO 8601 {what}: "
-            f"make the expression give ISO 8601 text such as {example}")
+    return (f"its {field} {expression!r} gave {value!r} ({type(value).__name__}), which is no ISO 8601 {what}"
+            f"{duration_hint(value) if field == 'timeDuration' else ''}: make the expression give ISO 8601 text "
+            f"such as {example}")
+
+
+_NUMBER = r"\d+(?:[.,]\d+)?"
+_ISO_DURATION = re.compile(rf"P(?=\d|T\d)(?:{_NUMBER}Y)?(?:{_NUMBER}M)?(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
+                           rf"(?:T(?=\d)(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?", re.IGNORECASE)
+_REPEATING = re.compile(r"R(\d*)/(?:[^/]+/)?(P[^/]+)(?:/[^/]+)?", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> dict[str, Any]:
+    """SpiffWorkflow's reading of an ISO 8601 duration (``parse_iso_duration``), for a duration only:
+    that parser skips what it cannot read ahead of the time part, so a repeating interval
+    (``R3/PT4H``, a cycle typed into a timeDuration) or ``P1XT4H`` read as four hours, silently."""
+    if not _ISO_DURATION.fullmatch(text.strip()):
+        raise ValueError(f"{text!r} is no ISO 8601 duration{duration_hint(text)}")
+    parsed: dict[str, Any] = TimerEventDefinition.parse_iso_duration(text.strip())
+    return parsed
+
+
+def duration_hint(value: Any) -> str:
+    """What a repeating interval given as a duration is, and what to write instead; "" otherwise."""
+    cycle = _REPEATING.fullmatch(value.strip()) if isinstance(value, str) else None
+    if cycle is None:
+        return ""
+    times = f"{cycle[1]} times" if cycle[1] else "without end"
+    return (f" but a repeating interval (a cycle, {times}), and a timeDuration waits once: to repeat, make it a "
+            f"<bpmn:timeCycle> (\"{value.strip()}\"); to wait once, write the duration \"{cycle[2]}\"")
 
 
 def payload_variables(event_definition: Any) -> list[str]:

@@ -13,6 +13,7 @@ event on the call catches; the issuer may reject the representment (a BpmnError 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from context_layers.errors import ProcessError
 from engine import Engine, load_process
 from engine.governance import InstanceStateError
 
@@ -211,3 +213,42 @@ def test_a_step_that_reads_what_a_rollback_took_away_names_the_rollback(tmp_path
     assert "rollback" in message and out["snapshot_id"] in message and f"event {out['event_seq']}" in message
     assert "--set evidence=" in message
     assert "the start data" not in message and "answer it there" not in message
+
+
+def variant(tmp_path: Path, old: str, new: str) -> list[str]:
+    """The dispute process with one text replaced, beside its config, handlers and the fee process."""
+    for name in ("chargeback51.layerflow.yaml", "chargeback51_handlers.py", "fee51.bpmn"):
+        shutil.copy(HERE / name, tmp_path / name)
+    text = (HERE / "chargeback51.bpmn").read_text()
+    assert text.count(old) == 1
+    (tmp_path / "chargeback51.bpmn").write_text(text.replace(old, new))
+    return [str(tmp_path / "chargeback51.bpmn"), str(tmp_path / "fee51.bpmn")]
+
+
+def test_a_reminder_cycle_written_as_a_timeduration_is_refused_not_fired_once(tmp_path: Path) -> None:
+    """The modeler's timer type was left at Duration and the SLA team typed the cycle they meant,
+    three reminders four hours apart. SpiffWorkflow's duration parser skips what it cannot read before
+    the time part and reads "R3/PT4H" as PT4H: one reminder, silently. Refused, naming the timer and
+    the timeCycle to write; so is any other text that is no duration ("P1XT4H" read as four hours)."""
+    files = variant(tmp_path, '<bpmn:timeDuration>"PT4H"</bpmn:timeDuration>',
+                    '<bpmn:timeDuration>"R3/PT4H"</bpmn:timeDuration>')
+    with pytest.raises(ProcessError) as refused:
+        load_process(files)
+    message = str(refused.value)
+    assert "sla_reminder" in message and "timeCycle" in message and '"PT4H"' in message
+    files = variant(tmp_path, '<bpmn:timeDuration>"PT4H"</bpmn:timeDuration>',
+                    '<bpmn:timeDuration>"P1XT4H"</bpmn:timeDuration>')
+    with pytest.raises(ProcessError, match="sla_reminder"):
+        load_process(files)
+
+
+def test_a_reminder_delay_from_the_context_that_is_a_cycle_stops_the_dispute_naming_the_timer(
+        tmp_path: Path) -> None:
+    files = variant(tmp_path, '<bpmn:timeDuration>"PT4H"</bpmn:timeDuration>',
+                    "<bpmn:timeDuration>reminder_after</bpmn:timeDuration>")
+    engine = Engine("memory://")
+    inst = engine.run(engine.start(load_process(files), dict(SMALL, reminder_after="R3/PT4H")))
+    inst = engine.send_event(inst.id, "merchant_evidence", {"signed_receipt": True})
+    assert inst.status == "error"
+    assert inst.error["task_id"] == "sla_reminder"
+    assert "R3/PT4H" in inst.error["message"] and "timeCycle" in inst.error["message"]
