@@ -903,15 +903,20 @@ def attached_activity(task: Any) -> Any:
 def interrupts_around(task: Any) -> list[Any]:
     """The interrupting boundary events of the activities around ``task``'s workflow (the sub-process
     it runs in, or one around that) that are READY: they caught what ``task`` just threw (a signal,
-    an escalation). BPMN interrupts the activity as the event is caught, so they run before anything
-    else of it; SpiffWorkflow 3.2 runs the sub-process's own ready tasks first (the deepest first),
+    an escalation; an error end event's error, on an activity around the one it ends). BPMN
+    interrupts the activity as the event is caught, so they run before anything else of it;
+    SpiffWorkflow 3.2 runs the sub-process's own ready tasks first (the deepest first),
     so the steps after the throw ran, and wrote, inside an activity already interrupted.
     An instance of a multi-instance sub-process (or call activity) is looked through to the activity:
     the boundary event sits on that, and its interrupt closes every instance, the activity's writes
     undone (``Runtime.abort_multi``), as any interrupt of it does."""
     found: list[Any] = []
-    if not isinstance(task.task_spec, ThrowingEvent) or isinstance(task.task_spec, EndEvent):
-        return found  # after an end event nothing comes on its path: the sub-process ends as SpiffWorkflow ends it
+    if not isinstance(task.task_spec, ThrowingEvent):
+        return found
+    # after an end event nothing comes on its path: the sub-process (called process) it ends ends as
+    # SpiffWorkflow ends it; but an activity around that one, whose boundary event caught the error, is
+    # interrupted now, before the steps after the ended one in it run (a booking after the fee failed)
+    skip = isinstance(task.task_spec, EndEvent)
     definition = getattr(task.task_spec, "event_definition", None)
     if definition is None:
         return found
@@ -923,12 +928,13 @@ def interrupts_around(task: Any) -> list[Any]:
         if runner is None:
             break
         runner = multi_instance_of(runner) or runner
-        if runner.parent is not None:
+        if runner.parent is not None and not skip:
             # only those that caught this throw: a timer boundary event that came due meanwhile runs in
             # its turn, as SpiffWorkflow runs it
             found.extend(t for t in runner.parent.children if isinstance(t.task_spec, BoundaryEvent)
                          and t.task_spec.cancel_activity and t.state == TaskState.READY
                          and t.task_spec.event_definition.catches(t, event))
+        skip = False
         workflow = runner.workflow
     return found
 

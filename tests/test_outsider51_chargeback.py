@@ -102,6 +102,19 @@ def test_a_fee_the_waiver_review_disputes_is_not_given_back_as_the_calls_output(
     assert [info["status"] for info in scope] == ["cancelled"]
 
 
+@pytest.mark.parametrize("data", [{"decision": "split_liability", "amount": 100}, {"decision": "represent", "amount": 2000}])
+def test_a_fee_error_caught_by_the_sub_process_around_the_call_gives_back_no_fee(world: Any, data: Any) -> None:
+    """The same error caught one level up, by the boundary event of the sub-process the call runs in."""
+    engine, _ = world
+    files = [str(HERE / "settlement51.bpmn"), str(HERE / "fee51.bpmn")]
+    inst = engine.run(engine.start(load_process(files), dict(data, liability="merchant")))
+    if inst.status == "waiting":
+        inst = engine.resume(inst.id, answers={"user_tasks": {"approve_waiver": {"waiver": "disputed"}}})
+    assert inst.status == "completed", inst.error
+    assert inst.main.resolve("settlement") == "held"
+    assert inst.main.get("fee") is None and inst.main.get("booked") is None
+
+
 def test_a_fee_call_that_completes_gives_back_its_fee_only(world: Any) -> None:
     engine, _ = world
     inst = at_analyst(engine, SMALL, {"signed_receipt": True})
