@@ -915,7 +915,8 @@ def interrupts_around(task: Any) -> list[Any]:
         return found
     # after an end event nothing comes on its path: the sub-process (called process) it ends ends as
     # SpiffWorkflow ends it; but an activity around that one, whose boundary event caught the error, is
-    # interrupted now, before the steps after the ended one in it run (a booking after the fee failed)
+    # interrupted now, before the steps after the ended one in it run (a booking after the fee failed).
+    # An event sub-process that ends so hands its error on as it ends: nothing comes after it in its scope
     skip = isinstance(task.task_spec, EndEvent)
     definition = getattr(task.task_spec, "event_definition", None)
     if definition is None:
@@ -926,6 +927,8 @@ def interrupts_around(task: Any) -> list[Any]:
     while getattr(workflow, "parent_task_id", None) is not None:
         runner = top.get_task_from_id(workflow.parent_task_id)
         if runner is None:
+            break
+        if skip and is_event_subprocess(runner):
             break
         runner = multi_instance_of(runner) or runner
         if runner.parent is not None and not skip:

@@ -102,9 +102,12 @@ def test_a_fee_the_waiver_review_disputes_is_not_given_back_as_the_calls_output(
     assert [info["status"] for info in scope] == ["cancelled"]
 
 
-@pytest.mark.parametrize("data", [{"decision": "split_liability", "amount": 100}, {"decision": "represent", "amount": 2000}])
-def test_a_fee_error_caught_by_the_sub_process_around_the_call_gives_back_no_fee(world: Any, data: Any) -> None:
-    """The same error caught one level up, by the boundary event of the sub-process the call runs in."""
+@pytest.mark.parametrize("data", [{"decision": "split_liability", "amount": 100},
+                                  {"decision": "represent", "amount": 2000}], ids=["before_fee", "after_fee"])
+def test_a_fee_error_caught_around_the_call_stops_the_sub_process_it_runs_in(world: Any, data: Any) -> None:
+    """The same error caught one level up, by the boundary event of the ``settle`` sub-process the call
+    runs in: ``settle`` is interrupted as the error is caught, so its ``book`` step after the call never
+    runs (SpiffWorkflow 3.2 booked the fee, then ran the boundary path too) and no fee comes back."""
     engine, _ = world
     files = [str(HERE / "settlement51.bpmn"), str(HERE / "fee51.bpmn")]
     inst = engine.run(engine.start(load_process(files), dict(data, liability="merchant")))
@@ -113,6 +116,7 @@ def test_a_fee_error_caught_by_the_sub_process_around_the_call_gives_back_no_fee
     assert inst.status == "completed", inst.error
     assert inst.main.resolve("settlement") == "held"
     assert inst.main.get("fee") is None and inst.main.get("booked") is None
+    assert not [e for c in inst.contexts.values() for e in c.tape if e.activity == "book"]
 
 
 def test_a_fee_call_that_completes_gives_back_its_fee_only(world: Any) -> None:
