@@ -968,8 +968,9 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         ``waiting_for`` item, or its BPMN id) with the person's ``data``; the instance runs on.
         Several instances of a multi-instance task waiting under the BPMN id: it completes the
         first ``waiting_for`` lists; ``completed_user_task`` names the one completed (``id``,
-        ``task_id``, ``instance``, ``input``). Not waiting for it: 409, naming what the instance
-        waits for."""
+        ``task_id``, ``instance``, ``input``). A task of the process it does not wait for (yet, or
+        any more): 409; an id that is no user task of the instance at all: 404; both name what the
+        instance waits for."""
         return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
                                     expected_version=body.expected_version, actor=body.user or "api")
 

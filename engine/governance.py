@@ -89,7 +89,7 @@ from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short_json
 from .leases import held_by, holding
 from .process import Process, file_digest, load_process
 from .runtime import (Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
-                      why_not_waiting)
+                      has_user_task, why_not_waiting)
 from .store import record_head
 
 __all__ = [
@@ -1649,6 +1649,9 @@ class GovernanceService:
                 # none waits: name what does (a confirmation, a message), as the engine's refusal does
                 shown = (", ".join(f"{w['task_id']} ({w['id']})" for w in waiting)
                          or f"no user task ({events.describe_waiting(instance.waiting_for)})")
+                if not has_user_task(instance, task_id):  # not the instance's at all: a wrong address, not a state
+                    raise ContextKeyError(f"instance {instance_id} ({instance.status}) has no user task "
+                                          f"{task_id!r}{why_not_waiting(instance, task_id)}; it waits for {shown}")
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
                                          f"{task_id!r}{why_not_waiting(instance, task_id)}; it waits for {shown}")
             instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)

@@ -1642,6 +1642,14 @@ def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> l
     return [key for key in keys if key not in ids]
 
 
+def has_user_task(instance: Instance, task_id: str) -> bool:
+    """Whether ``task_id`` names a user task of ``instance`` (a BPMN id of its process, a ``waiting_for``
+    id) or a task its workflow had: one it may wait for, have waited for, or wait for later. An id that
+    is none of these is not the instance's at all (REST answers 404, not 409)."""
+    return not unknown_user_task_keys(instance, [task_id]) or bool(_TASK_UUID.fullmatch(task_id)) and _had_task(
+        instance, task_id)
+
+
 def why_not_waiting(instance: Instance, task_id: str) -> str:
     """Why ``instance`` cannot take a person's answer posted to ``task_id`` that it does not wait for
     (``Engine.complete_user_task``, REST ``POST .../user-tasks/{task}``, both refused as a state):
@@ -1658,7 +1666,7 @@ def why_not_waiting(instance: Instance, task_id: str) -> str:
     if fired:
         return (f" (user task {task_id!r} was cancelled before it was answered: its boundary event {fired[0]!r} "
                 "fired first; the answer was not used)")
-    if not unknown_user_task_keys(instance, [task_id]) or _TASK_UUID.fullmatch(task_id) and _had_task(instance, task_id):
+    if has_user_task(instance, task_id):
         return ""
     process = instance.process
     tasks = process.user_task_ids()

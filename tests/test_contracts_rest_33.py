@@ -1,0 +1,85 @@
+"""An integration that approves expenses over HTTP only meets a real ``layerflow serve`` (REST round 33):
+
+- a user task id the instance does not have is 404 naming it, the tasks it waits for and the likely
+  one; a task of the process it does not wait for (yet, or any more) stays 409;
+- instance rows (``GET /api/instances``, ``/api/instance-summaries``) carry the definition ``version``
+  the instance runs (its documents' ``definition.version``), as ``layerflow list --json`` does;
+- a person's ``reason`` for a resolution is bounded as their other text is (422 naming the field);
+- ``ETag`` / ``If-Match``: the instance's version, as ``expected_version`` is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import local_http
+import pytest
+
+from test_contracts_rest import AUTH, serving
+
+pytestmark = pytest.mark.slow
+
+EXPENSE = """<?xml version="1.0" encoding="UTF-8"?>
+<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="expense_defs" targetNamespace="x">
+  <bpmn:process id="expense" name="Expense approval" isExecutable="true">
+    <bpmn:startEvent id="start"/>
+    <bpmn:userTask id="manager_approval" name="Manager approves"/>
+    <bpmn:userTask id="finance_approval" name="Finance approves"/>
+    <bpmn:endEvent id="end"/>
+    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="manager_approval"/>
+    <bpmn:sequenceFlow id="f2" sourceRef="manager_approval" targetRef="finance_approval"/>
+    <bpmn:sequenceFlow id="f3" sourceRef="finance_approval" targetRef="end"/>
+  </bpmn:process>
+</bpmn:definitions>
+"""
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("rest33")
+    (folder / "catalog").mkdir()
+    (folder / "catalog" / "expense.bpmn").write_text(EXPENSE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(folder: Path) -> Iterator[str]:
+    yield from serving(folder, folder / "catalog")
+
+
+def _call(method: str, url: str, **kw: Any) -> httpx.Response:
+    return local_http.request(method, url, headers={**AUTH, **kw.pop("headers", {})}, timeout=120, **kw)
+
+
+def _start(server: str) -> dict[str, Any]:
+    r = _call("POST", f"{server}/api/instances", json={"process_id": "expense", "data": {"amount": 120}})
+    assert r.status_code == 201, r.text
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def test_a_user_task_the_instance_does_not_have_is_404_naming_what_it_waits_for(server: str) -> None:
+    doc = _start(server)
+    iid, waiting = doc["instance_id"], doc["waiting_for"][0]
+    for task in ("manager_aproval", "no-such-task", "0b5b3a66-6a4e-4d8c-9a8e-1a2b3c4d5e6f"):
+        r = _call("POST", f"{server}/api/instances/{iid}/user-tasks/{task}", json={"data": {"ok": True}})
+        assert r.status_code == 404, (task, r.text)
+        error = r.json()["error"]
+        assert error["kind"] == "not_found"
+        assert repr(task) in error["message"] and "manager_approval" in error["message"], error
+        assert waiting["id"] in error["message"], error  # what it waits for, by both ids
+    r = _call("POST", f"{server}/api/instances/{iid}/user-tasks/manager_aproval", json={"data": {}})
+    assert "did you mean 'manager_approval'" in r.json()["error"]["message"]
+    # a task of the process it does not wait for yet: a state, 409 as before
+    r = _call("POST", f"{server}/api/instances/{iid}/user-tasks/finance_approval", json={"data": {"ok": True}})
+    assert r.status_code == 409 and r.json()["error"]["kind"] == "invalid_state", r.text
+    done = _call("POST", f"{server}/api/instances/{iid}/user-tasks/{waiting['id']}", json={"data": {"ok": True}})
+    assert done.status_code == 200, done.text
+    # ... or any more: by its BPMN id and by the id it waited under
+    for task in ("manager_approval", waiting["id"]):
+        r = _call("POST", f"{server}/api/instances/{iid}/user-tasks/{task}", json={"data": {"ok": True}})
+        assert r.status_code == 409 and r.json()["error"]["kind"] == "invalid_state", (task, r.text)
+    assert _call("GET", f"{server}/api/instances/{iid}").json()["version"] == done.json()["version"]
