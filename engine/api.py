@@ -363,6 +363,9 @@ class InstanceSummary(_Open):
     version: int
     updated: float | None
     held_by: str | None = HELD_BY
+    definition_version: str | None = Field(
+        default=None, description="the definition the instance runs, the one it started with: its document's "
+        "`definition.version` (null: an instance from before versions were kept)")
 
 
 class RollbackDocument(InstanceDocument):

@@ -41,6 +41,7 @@ from context_layers.tape import EventKind
 from .api import ReplayDocument, answer_responses, route_responses
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
 from .governance import GovernanceService, event_document, moved_keys
+from .process import definition_version
 from .runtime import Instance, Status
 
 __all__ = ["STATIC_DIR", "mount_console", "replay_document", "summary_of"]
@@ -87,7 +88,7 @@ def mount_console(app: FastAPI) -> None:
                            process_id: Annotated[str | None, Query(description="only this process's")] = None,
                            ) -> list[dict[str, Any]]:
         """The instances list, newest first: id, process, status, version, started, updated,
-        what the instance waits for, total tokens of the main context, open conflicts, error."""
+        the definition it runs (``definition_version``), what the instance waits for, total tokens of the main context, open conflicts, error."""
         rows = service.list_instances(status, process_id=process_id)[:limit]
         out = []
         for row in rows:
@@ -208,6 +209,7 @@ def summary_of(instance: Instance) -> dict[str, Any]:
     return {
         "instance_id": instance.id, "id": instance.id, "process_id": instance.process_id, "status": instance.status,
         "version": instance.version, "started": _iso(instance.created), "updated": _iso(instance.updated),
+        "definition_version": definition_version(instance.process.digests),
         "waiting_for": [dict(w) for w in instance.waiting_for],
         "tokens_total": instance.main.token_report()["total"],
         # a cancelled conflict (its question closed with its join or instance) is settled by nobody

@@ -79,7 +79,7 @@ from context_layers.errors import (
     LayerflowError,
     VersionConflict,
 )
-from context_layers.stores import ConfirmationAnswered
+from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError, StoreUnavailable
 from context_layers.tape import Event, EventKind, kind_names, matches_kind
 
 from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
@@ -87,7 +87,7 @@ from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 from . import configfile, events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short_json
 from .leases import held_by, holding
-from .process import Process, file_digest, load_process
+from .process import Process, definition_version, file_digest, load_process
 from .runtime import (Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
                       has_user_task, why_not_waiting)
 from .store import record_head
@@ -914,14 +914,41 @@ def instance_rows(store: Any, status: str | None = None, *, holders: bool = Fals
     """The store's instances, newest first (of one ``status`` and one ``process_id``, when given), each
     with ``instance_id`` as ``run --json`` names it beside the store's ``id``: GET /api/instances and
     ``layerflow list --json`` alike; ``limit`` of them from the ``offset``-th on. ``holders``: each with
-    ``held_by`` (a lease lookup per row, so only for a listing someone reads)."""
+    ``held_by`` (a lease lookup per row) and ``definition_version`` (the definition it runs, as its
+    document's ``definition.version``: a record read per row, no tape), so only for a listing someone reads."""
     rows = [{"instance_id": r["id"], **r} for r in store.list()
             if (status is None or r.get("status") == status) and (process_id is None or r.get("process_id") == process_id)]
     rows = rows[offset:] if limit is None else rows[offset:offset + limit]
     if holders:
         for r in rows:
             r["held_by"] = held_by(store, r["id"], r["status"])
+            r["definition_version"] = _definition_version(store, r)
     return rows
+
+
+# (store, instance id, process id) -> its definition version: an instance keeps the definition it started with
+_DEFINITIONS: dict[tuple[str, str, str], str | None] = {}
+_DEFINITIONS_KEPT = 4096
+
+
+def _definition_version(store: Any, row: Mapping[str, Any]) -> str | None:
+    """The ``definition.version`` of the instance of ``row``, from its record without tapes (None: one
+    from before versions were kept, or deleted meanwhile)."""
+    key = (str(getattr(store, "url", "")), str(row["id"]), str(row.get("process_id")))
+    if key in _DEFINITIONS:
+        return _DEFINITIONS[key]
+    try:
+        process = record_head(store, row["id"]).get("process")
+    except StoreUnavailable:
+        raise
+    except (InstanceNotFound, StoreError):  # a damaged record is listed (`inspect` names the damage), not fatal here
+        return None
+    digests = process.get("digests") if isinstance(process, Mapping) else None
+    found = definition_version(digests) if isinstance(digests, Mapping) else None
+    if len(_DEFINITIONS) >= _DEFINITIONS_KEPT:
+        _DEFINITIONS.clear()
+    _DEFINITIONS[key] = found
+    return found
 
 
 def fixed_key_hint(instance_id: str, err: ContextWriteDenied) -> str:

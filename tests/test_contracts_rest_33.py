@@ -10,6 +10,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ import httpx
 import local_http
 import pytest
 
-from test_contracts_rest import AUTH, serving
+from test_contracts_rest import AUTH, ROOT, serving
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +52,12 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(folder: Path) -> Iterator[str]:
     yield from serving(folder, folder / "catalog")
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("LAYERFLOW_STORE", "LAYERFLOW_QUEUE")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
 
 
 def _call(method: str, url: str, **kw: Any) -> httpx.Response:
@@ -83,3 +93,22 @@ def test_a_user_task_the_instance_does_not_have_is_404_naming_what_it_waits_for(
         r = _call("POST", f"{server}/api/instances/{iid}/user-tasks/{task}", json={"data": {"ok": True}})
         assert r.status_code == 409 and r.json()["error"]["kind"] == "invalid_state", (task, r.text)
     assert _call("GET", f"{server}/api/instances/{iid}").json()["version"] == done.json()["version"]
+
+
+def test_instance_rows_name_the_definition_version_the_instance_runs(server: str, folder: Path) -> None:
+    doc = _start(server)
+    iid, defined = doc["instance_id"], doc["definition"]["version"]
+    assert isinstance(defined, str) and defined
+    rows = {r["id"]: r for r in _call("GET", f"{server}/api/instances").json()}
+    assert rows[iid]["definition_version"] == defined
+    assert rows[iid]["version"] == doc["version"]  # the store's version stays what it was
+    paged = _call("GET", f"{server}/api/instances", params={"process_id": "expense", "limit": 1}).json()
+    assert paged[0]["definition_version"] == _call("GET", f"{server}/api/instances/{paged[0]['id']}").json()[
+        "definition"]["version"]
+    summaries = {r["id"]: r for r in _call("GET", f"{server}/api/instance-summaries").json()}
+    assert summaries[iid]["definition_version"] == defined
+    listed = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--json", "--store",
+                             f"sqlite:///{folder / 'rest.db'}"], cwd=ROOT, env=_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert {r["id"]: r for r in json.loads(listed.stdout)}[iid]["definition_version"] == defined
