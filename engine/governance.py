@@ -487,13 +487,23 @@ class InjectArgs(_Args):
         return data
 
 
+# what a person is shown (a confirmation's message, its options), why a conflict was settled and what a
+# snapshot is called are text a model or a person writes: bounded, so a runaway or hostile call cannot put
+# megabytes into the instance's record, its tape and every confirmation list (a tool call's whole arguments
+# are bounded too: engine.tools)
+MAX_LABEL_CHARS = 500
+MAX_MESSAGE_CHARS = 10_000
+MAX_OPTIONS = 100
+
+
 class ResolveArgs(_Args):
     """Settle a pending conflict or confirmation with a value and a reason."""
 
     confirmation_id: str | None = Field(default=None, description="e.g. `review_join/approval_status`")
     conflict_key: str | None = Field(default=None, description="the context key in conflict (when only one is open)")
     resolution: Any = Field(description="the chosen value: one of the offered option values")
-    reason: str = Field(min_length=1)
+    reason: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS,
+                        description="why this value: on the tape and in `_mergedConflicts` with the resolution")
 
     @model_validator(mode="before")
     @classmethod
@@ -574,14 +584,6 @@ class ConfigArgs(_Args):
                                          " name the activity once")
                 out["config"] = {k: v for k, v in config.items() if k not in inner}
         return out
-
-
-# what a person is shown (a confirmation's message, its options) and what a snapshot is called are text a
-# model may write: bounded, so a runaway or hostile call cannot put megabytes into the instance's record, its
-# tape and every confirmation list (a tool call's whole arguments are bounded too: engine.tools)
-MAX_LABEL_CHARS = 500
-MAX_MESSAGE_CHARS = 10_000
-MAX_OPTIONS = 100
 
 
 class SnapshotArgs(_Args):

@@ -112,3 +112,20 @@ def test_instance_rows_name_the_definition_version_the_instance_runs(server: str
                             text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert {r["id"]: r for r in json.loads(listed.stdout)}[iid]["definition_version"] == defined
+
+
+@pytest.mark.parametrize("path", ["/api/context-governance/resolve", "/api/context-governance/tools/context_branch"])
+def test_a_resolution_reason_is_bounded_as_a_persons_other_text(server: str, path: str) -> None:
+    iid = _start(server)["instance_id"]
+    body: dict[str, Any] = {"instance_id": iid, "conflict_key": "amount", "resolution": 1, "reason": "x" * 10_001}
+    if path.endswith("context_branch"):
+        body["action"] = "resolve_conflict"
+    r = _call("POST", f"{server}{path}", json=body)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["kind"] == "validation_error" and "reason" in error["message"] and "10000" in error["message"], error
+    tape = _call("GET", f"{server}/api/instances/{iid}/tape").json()
+    assert not any("x" * 100 in json.dumps(e) for e in tape["events"])
+    # at the bound it is no validation problem: the conflict it names is what is missing
+    r = _call("POST", f"{server}{path}", json={**body, "reason": "x" * 10_000})
+    assert r.status_code == 404, r.text
