@@ -19,7 +19,7 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -57,12 +57,14 @@ from .governance import (
     StartArgs,
     UserTaskArgs,
     _snake,
+    mark_dead_letters,
 )
 from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
+from .worker import DEFAULT_STREAM, dead_letter_ids, has_queue, queue_client
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV",
-           "Unauthorized", "answer_responses", "create_app", "route_responses", "status_for"]
+           "Unauthorized", "answer_responses", "create_app", "dead_letter_reader", "route_responses", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
 #: A request body larger than this is refused (413) before it is read on: an inject of megabytes
@@ -363,6 +365,9 @@ class InstanceSummary(_Open):
     version: int
     updated: float | None
     held_by: str | None = HELD_BY
+    dead_letter: str | None = Field(
+        default=None, description="only on an unfinished instance whose delivery a worker dead-lettered: the dead "
+        "letter's id (`layerflow worker dead` says why; no worker runs it until `layerflow worker requeue ID`)")
     definition_version: str | None = Field(
         default=None, description="the definition the instance runs, the one it started with: its document's "
         "`definition.version` (null: an instance from before versions were kept)")
@@ -675,12 +680,34 @@ def max_body_bytes_from_env() -> int:
     return int(raw)
 
 
+def dead_letter_reader(store_url: str | None, queue: str | None = None,
+                       stream: str = DEFAULT_STREAM) -> Callable[[], dict[str, str]]:
+    """What the listings read to name an instance's dead letter (``worker.dead_letter_ids`` of ``stream``
+    on the queue ``worker.queue_client`` finds: ``queue``, a Redis store's, $LAYERFLOW_QUEUE); with none,
+    nothing. A bad ``queue`` URL fails here, as the server starts; a queue that does not answer later
+    costs the listing its dead letters (logged), never the listing."""
+    if not has_queue(store_url, queue):
+        return dict
+    client = queue_client(store_url, queue)
+
+    def read() -> dict[str, str]:
+        try:
+            return dead_letter_ids(client, stream)
+        except LayerflowError as err:
+            log.warning("dead letters of stream %r not read, instance rows name none: %s", stream, err)
+            return {}
+    return read
+
+
 def create_app(store: str | Engine | GovernanceService | None = None, catalog_dir: str | Path | None = None,
                token: str | None = None, *, model: str | None = None,
-               max_body_bytes: int | None = None) -> FastAPI:
+               max_body_bytes: int | None = None, queue: str | None = None,
+               stream: str = DEFAULT_STREAM) -> FastAPI:
     """The FastAPI app. ``store``: a store URL (default ``memory://``), an ``Engine`` or a
     ``GovernanceService``; ``catalog_dir``: where the startable processes are; ``max_body_bytes``:
-    the largest request body accepted (default: ``LAYERFLOW_MAX_BODY_BYTES``, else 1 MiB)."""
+    the largest request body accepted (default: ``LAYERFLOW_MAX_BODY_BYTES``, else 1 MiB);
+    ``queue`` / ``stream``: the workers' Redis stream whose dead letters the instance rows name
+    (``dead_letter``; default: the store's Redis, else $LAYERFLOW_QUEUE, else none)."""
     limit = max_body_bytes if max_body_bytes is not None else max_body_bytes_from_env()
     if limit < 1:
         raise ConfigError(f"max_body_bytes={limit} accepts no body at all; give a positive number of bytes")
@@ -690,11 +717,13 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         engine = store if isinstance(store, Engine) else Engine(store or "memory://", model=model)
         service = GovernanceService(engine, Catalog(catalog_dir))
     secret = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    dead_letters = dead_letter_reader(getattr(service.engine.store, "url", None), queue, stream)
 
     app = FastAPI(title="layerflow", version="0.1.0",
                   description="Context governance for BPMN processes with a layered LLM context.",
                   dependencies=[Depends(_known_query)])
     app.state.service = service
+    app.state.dead_letters = dead_letters
 
     def openapi() -> dict[str, Any]:
         # the bodies' nested models take camelCase names too (_Args._camel_case): say so here only,
@@ -935,9 +964,13 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                        offset: int = Query(default=0, ge=0, description="skip this many of those selected first"),
                        s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
-        """Instance summaries, newest first, each naming who holds its lease right now (``held_by``);
-        ``limit`` and ``offset`` page through them."""
-        return s.list_instances(status, holders=True, process_id=process_id, limit=limit, offset=offset)
+        """Instance summaries, newest first, each naming who holds its lease right now (``held_by``), the
+        definition it runs (``definition_version``) and, for one whose delivery a worker dead-lettered, that
+        dead letter (``dead_letter``: no worker runs it until it is requeued); ``limit`` and ``offset`` page
+        through them."""
+        rows = s.list_instances(status, holders=True, process_id=process_id, limit=limit, offset=offset)
+        mark_dead_letters(rows, dead_letters() if rows else {})
+        return rows
 
     @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
               responses=document_responses("start", 201))

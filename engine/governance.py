@@ -928,6 +928,15 @@ def instance_rows(store: Any, status: str | None = None, *, holders: bool = Fals
     return rows
 
 
+def mark_dead_letters(rows: Iterable[dict[str, Any]], letters: Mapping[str, str]) -> None:
+    """Add ``dead_letter`` (the id of its dead letter, ``letters``: ``worker.dead_letter_ids``) to the rows
+    of unfinished instances that have one: no worker runs them until it is requeued. Only on those rows,
+    so the others are as they were."""
+    for r in rows:
+        if r["status"] in ("running", "waiting") and r["id"] in letters:
+            r["dead_letter"] = letters[r["id"]]
+
+
 # (store, instance id, process id) -> its definition version: an instance keeps the definition it started with
 _DEFINITIONS: dict[tuple[str, str, str], str | None] = {}
 _DEFINITIONS_KEPT = 4096

@@ -121,7 +121,8 @@ from .runtime import Engine, Instance, _prepared_start
 from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
-           "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "requeue",
+           "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "dead_letter_ids",
+           "has_queue", "requeue",
            "requeue_running", "trim_done", "prune_consumers", "forget_consumer"]
 
 DEFAULT_STREAM = "layerflow:ready"
@@ -387,6 +388,24 @@ def dead_letters(client: Any, stream: str = DEFAULT_STREAM, *, dead_stream: str 
     """The dead letters of ``stream``, oldest first (at most ``count``)."""
     rows = client.xrange(dead_stream or dead_stream_of(stream), count=count)
     return [DeadLetter.from_entry(dead_id, fields) for dead_id, fields in rows]
+
+
+def has_queue(store_url: str | None, queue_url: str | None = None) -> bool:
+    """Whether ``queue_client`` finds a queue for ``store_url`` (a Redis store, ``queue_url`` or
+    $LAYERFLOW_QUEUE) without asking for one: a listing reads dead letters only then."""
+    scheme = (store_url or "").split("://", 1)[0]
+    return bool(queue_url or os.environ.get("LAYERFLOW_QUEUE") or scheme in ("redis", "rediss", "unix"))
+
+
+def dead_letter_ids(client: Any, stream: str = DEFAULT_STREAM) -> dict[str, str]:
+    """Instance id -> the id of its latest dead letter of ``stream`` (what a listing names: no worker runs
+    the instance until it is requeued). A queue that fails: ``queue_error``'s, naming its Redis."""
+    import redis
+
+    try:
+        return {d.instance_id: d.id for d in dead_letters(client, stream)}
+    except redis.RedisError as err:
+        raise queue_error(client, err) from None
 
 
 def requeue(client: Any, dead_id: str, stream: str = DEFAULT_STREAM, *, dead_stream: str | None = None) -> str:

@@ -129,3 +129,4 @@ def test_a_resolution_reason_is_bounded_as_a_persons_other_text(server: str, pat
     # at the bound it is no validation problem: the conflict it names is what is missing
     r = _call("POST", f"{server}{path}", json={**body, "reason": "x" * 10_000})
     assert r.status_code == 404, r.text
+
