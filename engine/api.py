@@ -19,11 +19,12 @@ import hmac
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, Path as PathParam, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -32,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from context_layers.errors import ConfigError, LayerflowError
+from context_layers.errors import ConfigError, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound
 
 from .governance import (
@@ -63,7 +64,7 @@ from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
 from .worker import DEFAULT_STREAM, dead_letter_ids, has_queue, queue_client
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV",
+__all__ = ["CONDITIONAL_ROUTES", "DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV",
            "Unauthorized", "answer_responses", "create_app", "dead_letter_reader", "route_responses", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
@@ -87,6 +88,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "not_found": 404,
     "method_not_allowed": 405,
     "payload_too_large": 413,
+    "precondition_failed": 412,
     "version_conflict": 409,
     "invalid_state": 409,
     "already_answered": 409,
@@ -550,6 +552,8 @@ KIND_MEANING: dict[str, str] = {
     "permission_denied": "a layer rule denied the write (a SYSTEM key, a PROCESS key already set)",
     "not_found": "an unknown instance, context, branch, snapshot, element, confirmation, process or tool",
     "version_conflict": "stale expected_version: load the instance again and repeat",
+    "precondition_failed": "stale If-Match (the ETag, the instance's version, you read): load the instance again "
+                           "and repeat",
     "invalid_state": "the instance's state does not allow it (completed, cancelled, not waiting for it, "
                      "branches open, run by another request right now)",
     "already_answered": "the confirmation was answered already (by whom and when: in the message)",
@@ -606,6 +610,15 @@ ROUTE_ERRORS: dict[str, tuple[str, ...]] = {
     "process_diagram": ("validation_error", "not_found", "invalid_process"),
     "replay": _LOADED,
 }
+
+
+#: The routes that take the version a change expects as ``If-Match`` too (the ``ETag`` their answer
+#: gives): a stale one is 412 ``precondition_failed``, a malformed one 400 ``bad_request``.
+CONDITIONAL_ROUTES = ("compress", "inject", "resolve", "rollback", "config", "snapshot", "send_event",
+                      "complete_user_task", "resume", "cancel", "answer")
+for _route in CONDITIONAL_ROUTES:
+    ROUTE_ERRORS[_route] = tuple(dict.fromkeys((*ROUTE_ERRORS[_route], "precondition_failed", "bad_request")))
+del _route
 
 
 def route_responses(route: str) -> dict[int | str, dict[str, Any]]:
@@ -771,7 +784,11 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         message = body.pop("message")
         if isinstance(err, InstanceNotFound):  # the store's hint names a Python call; a client lists by GET
             message = _not_in_store(err.instance_id)
-        return _documented(request, _error(body.pop("kind"), message, **body))
+        kind = body.pop("kind")
+        if isinstance(err, VersionConflict) and request.headers.get("if-match", "").strip() not in ("", "*"):
+            # the version came as a precondition (RFC 9110): its failure is 412, not a body's conflict
+            kind, message = "precondition_failed", f"If-Match: {message}"
+        return _documented(request, _error(kind, message, **body))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -841,54 +858,71 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.post("/api/context-governance/compress", tags=["context-governance"], response_model=None,
               responses=answer_responses("compress", CompressResult, "the compression, its evaluation or its undoing"))
-    def compress(body: CompressRequest, instance_id: QueryId = None,
+    def compress(body: CompressRequest, response: Response, instance_id: QueryId = None,
+                 if_match: IfMatch = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
-        return s.compress(_instance_of(body, instance_id), CompressArgs.model_validate(_args(body, CompressArgs)),
-                          expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = CompressArgs.model_validate(_args(body, CompressArgs))
+        return _etag(response, s.compress(_instance_of(body, instance_id), args, expected_version=version,
+                                          actor=body.user or "api"))
 
     @app.post("/api/context-governance/inject", tags=["context-governance"], response_model=None,
               responses=answer_responses("inject", InjectResult, "what was written, and where"))
-    def inject(body: InjectRequest, instance_id: QueryId = None,
+    def inject(body: InjectRequest, response: Response, instance_id: QueryId = None,
+               if_match: IfMatch = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
-        return s.inject(_instance_of(body, instance_id), InjectArgs.model_validate(_args(body, InjectArgs)),
-                        expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = InjectArgs.model_validate(_args(body, InjectArgs))
+        return _etag(response, s.inject(_instance_of(body, instance_id), args, expected_version=version,
+                                        actor=body.user or "api"))
 
     @app.post("/api/context-governance/resolve", tags=["context-governance"], response_model=None,
               responses=document_responses("resolve"))
-    def resolve(body: ResolveRequest, instance_id: QueryId = None,
+    def resolve(body: ResolveRequest, response: Response, instance_id: QueryId = None,
+                if_match: IfMatch = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
-        return s.resolve(_instance_of(body, instance_id), ResolveArgs.model_validate(_args(body, ResolveArgs)),
-                         expected_version=body.expected_version, actor=body.user or "api", by=body.user)
+        version = _expected(body.expected_version, if_match)
+        args = ResolveArgs.model_validate(_args(body, ResolveArgs))
+        return _etag(response, s.resolve(_instance_of(body, instance_id), args, expected_version=version,
+                                         actor=body.user or "api", by=body.user))
 
     @app.post("/api/context-governance/rollback", tags=["context-governance"], response_model=None,
               responses={200: {"model": RollbackDocument, "description": "the instance's document, the context "
                                                                          "rolled back as it is now"},
                          **route_responses("rollback")})
-    def rollback(body: RollbackRequest, instance_id: QueryId = None,
+    def rollback(body: RollbackRequest, response: Response, instance_id: QueryId = None,
+                 if_match: IfMatch = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Restore a context's layers to a snapshot (an event on the tape; nothing is deleted)."""
-        return s.rollback(_instance_of(body, instance_id), RollbackArgs.model_validate(_args(body, RollbackArgs)),
-                          expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = RollbackArgs.model_validate(_args(body, RollbackArgs))
+        return _etag(response, s.rollback(_instance_of(body, instance_id), args, expected_version=version,
+                                          actor=body.user or "api"))
 
     @app.post("/api/context-governance/config", tags=["context-governance"], response_model=None,
               responses=answer_responses("config", ConfigResult, "the config now and before"))
-    def config(body: ConfigRequest, instance_id: QueryId = None,
+    def config(body: ConfigRequest, response: Response, instance_id: QueryId = None,
+               if_match: IfMatch = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
-        return s.config(_instance_of(body, instance_id), ConfigArgs.model_validate(_args(body, ConfigArgs)),
-                        expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = ConfigArgs.model_validate(_args(body, ConfigArgs))
+        return _etag(response, s.config(_instance_of(body, instance_id), args, expected_version=version,
+                                        actor=body.user or "api"))
 
     @app.post("/api/context-governance/snapshot", tags=["context-governance"], response_model=None,
               responses=answer_responses("snapshot", SnapshotResult, "the snapshot taken"))
-    def snapshot(body: Annotated[SnapshotRequest, Body(default_factory=SnapshotRequest)],
-                 instance_id: QueryId = None,
+    def snapshot(body: Annotated[SnapshotRequest, Body(default_factory=SnapshotRequest)], response: Response,
+                 instance_id: QueryId = None, if_match: IfMatch = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
-        return s.snapshot(_instance_of(body, instance_id), SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
-                          expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = SnapshotArgs.model_validate(_args(body, SnapshotArgs))
+        return _etag(response, s.snapshot(_instance_of(body, instance_id), args, expected_version=version,
+                                          actor=body.user or "api"))
 
     @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"],
               response_model=None,
@@ -979,26 +1013,30 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         ``Location`` is the new instance's document."""
         doc = s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
         response.headers["Location"] = f"/api/instances/{doc['instance_id']}"
-        return doc
+        return _etag(response, doc)
 
     @app.get("/api/instances/{instance_id}", tags=["instances"], response_model=None,
              responses=answer_responses("document", InstanceView, "the instance's document, as it is now"))
-    def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def document(instance_id: PathId, response: Response, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """The instance as `layerflow run --json` prints it, plus its version and who holds its
-        lease right now (``held_by``)."""
-        return s.document(instance_id)
+        lease right now (``held_by``); its ``ETag`` is that version, which a change's ``If-Match``
+        (or ``expected_version``) asks for."""
+        return _etag(response, s.document(instance_id))
 
     @app.post("/api/instances/{instance_id}/events", tags=["instances"], response_model=None,
               responses=document_responses("send_event"))
-    def send_event(instance_id: PathId, body: SendEventRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def send_event(instance_id: PathId, body: SendEventRequest, response: Response, if_match: IfMatch = None,
+                   s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Send a BPMN message (or broadcast a signal) with a payload to what waits for it; the
         instance runs on. Nothing waits for it: 409, naming what the instance waits for."""
-        return s.send_event(instance_id, SendEventArgs.model_validate(_args(body, SendEventArgs)),
-                            expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = SendEventArgs.model_validate(_args(body, SendEventArgs))
+        return _etag(response, s.send_event(instance_id, args, expected_version=version, actor=body.user or "api"))
 
     @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], response_model=None,
               responses=document_responses("complete_user_task"))
     def complete_user_task(instance_id: PathId, task_id: str, body: UserTaskRequest,
+                           response: Response, if_match: IfMatch = None,
                            s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
         ``waiting_for`` item, or its BPMN id) with the person's ``data``; the instance runs on.
@@ -1007,28 +1045,34 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         ``task_id``, ``instance``, ``input``). A task of the process it does not wait for (yet, or
         any more): 409; an id that is no user task of the instance at all: 404; both name what the
         instance waits for."""
-        return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
-                                    expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = UserTaskArgs.model_validate(_args(body, UserTaskArgs))
+        return _etag(response, s.complete_user_task(instance_id, task_id, args, expected_version=version,
+                                                    actor=body.user or "api"))
 
     @app.post("/api/instances/{instance_id}/resume", tags=["instances"], response_model=None,
               responses=document_responses("resume"))
-    def resume(instance_id: PathId, body: ResumeRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def resume(instance_id: PathId, body: ResumeRequest, response: Response, if_match: IfMatch = None,
+               s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Run an instance on, as `layerflow resume ID`: with ``answers`` (the `--answers` shape)
         for what it waits for, after a timer came due, or to retry the failed activity of an
         instance in ``error`` once its cause is fixed. All or nothing: an answer refused (400,
         403) leaves the instance as it was, with nothing of the other answers applied. A completed
         instance comes back as it is (200), its answers unused, as `layerflow resume` exits 0."""
-        return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
-                        expected_version=body.expected_version, by=body.user)
+        version = _expected(body.expected_version, if_match)
+        args = ResumeArgs.model_validate(_args(body, ResumeArgs))
+        return _etag(response, s.resume(instance_id, args, expected_version=version, by=body.user))
 
     @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], response_model=None,
               responses=document_responses("cancel"))
-    def cancel(instance_id: PathId, body: CancelRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def cancel(instance_id: PathId, body: CancelRequest, response: Response, if_match: IfMatch = None,
+               s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Stop an unfinished instance for good: its open tasks are cancelled, its pending
         confirmations closed, and nothing of it runs again; who and why are on its tape.
         A completed or cancelled instance: 409."""
-        return s.cancel(instance_id, CancelArgs.model_validate(_args(body, CancelArgs)),
-                        expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = CancelArgs.model_validate(_args(body, CancelArgs))
+        return _etag(response, s.cancel(instance_id, args, expected_version=version, actor=body.user or "api"))
 
     @app.get("/api/instances/{instance_id}/tape", tags=["instances"], response_model=None,
              responses=answer_responses("tape", TapeDocument, "the selected events"))
@@ -1050,9 +1094,12 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], response_model=None,
               responses=document_responses("answer"))
-    def answer(confirmation_id: str, body: AnswerRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def answer(confirmation_id: str, body: AnswerRequest, response: Response, if_match: IfMatch = None,
+               s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Answer a confirmation with one of its option values; the instance runs on."""
-        return s.answer(confirmation_id, body, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        return _etag(response, s.answer(confirmation_id, body.model_copy(update={"expected_version": version}),
+                                        actor=body.user or "api"))
 
     # The web console (engine/console.py): its page at / and its documented read endpoints.
     from .console import mount_console
@@ -1061,6 +1108,40 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     # added last, so outermost: a body too large is refused before the token or a route reads it
     app.add_middleware(_BodyLimit, limit=limit)
     return app
+
+
+def _if_match(if_match: Annotated[str | None, Header(description=(
+        'the instance\'s version you read, as its `ETag` gave it (`"3"`): a change to a newer one is 412 and changes '
+        'nothing; `*`: any version (as `expected_version` in the body, which it must not contradict)'))] = None
+               ) -> int | None:
+    """The version an ``If-Match`` header asks for (None: absent, or ``*``); malformed: 400 naming the form."""
+    if if_match is None or if_match.strip() == "*":
+        return None
+    found = re.fullmatch(r'\s*"([1-9][0-9]{0,17})"\s*', if_match)
+    if found is None:
+        raise BadRequest(f"If-Match: {if_match[:100]!r} is not one entity tag of this API: send the instance's "
+                         '`ETag` as it came (one quoted version, e.g. "3"; not a weak W/"3", not a list), or `*`')
+    return int(found.group(1))
+
+
+IfMatch = Annotated[int | None, Depends(_if_match)]
+
+
+def _expected(body_version: int | None, if_match: int | None) -> int | None:
+    """The version a change expects: the body's ``expected_version`` or the ``If-Match`` header's, not both
+    at odds."""
+    if body_version is not None and if_match is not None and body_version != if_match:
+        raise BadRequest(f"expected_version {body_version} and If-Match \"{if_match}\" ask for different versions; "
+                         "send one of them (or both the same)")
+    return body_version if body_version is not None else if_match
+
+
+def _etag(response: Response, doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (an instance's document or a change's answer), its version as the answer's ``ETag``."""
+    version = doc.get("version")
+    if isinstance(version, int) and not isinstance(version, bool):
+        response.headers["ETag"] = f'"{version}"'
+    return doc
 
 
 def _unreadable(cause: BaseException) -> str:

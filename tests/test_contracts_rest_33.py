@@ -130,3 +130,35 @@ def test_a_resolution_reason_is_bounded_as_a_persons_other_text(server: str, pat
     r = _call("POST", f"{server}{path}", json={**body, "reason": "x" * 10_000})
     assert r.status_code == 404, r.text
 
+
+
+def test_etag_and_if_match_carry_the_instance_version(server: str) -> None:
+    """A client that does conditional requests the HTTP way: the document's ``ETag`` is its version, a
+    change with a stale ``If-Match`` is 412 and changes nothing (it was carried out regardless)."""
+    started = _call("POST", f"{server}/api/instances", json={"process_id": "expense", "data": {"amount": 5}})
+    iid, version = started.json()["instance_id"], started.json()["version"]
+    assert started.headers["etag"] == f'"{version}"'
+    got = _call("GET", f"{server}/api/instances/{iid}")
+    assert got.headers["etag"] == f'"{version}"'
+    url = f"{server}/api/instances/{iid}/user-tasks/manager_approval"
+    stale = _call("POST", url, json={"data": {"ok": True}}, headers={"If-Match": f'"{version - 1}"'})
+    assert stale.status_code == 412, stale.text
+    error = stale.json()["error"]
+    assert error["kind"] == "precondition_failed" and f"version {version}" in error["message"], error
+    assert _call("GET", f"{server}/api/instances/{iid}").json()["version"] == version  # nothing changed
+    for bad in ('W/"2"', "2", '"2", "3"', '"x"'):
+        r = _call("POST", url, json={"data": {"ok": True}}, headers={"If-Match": bad})
+        assert r.status_code == 400 and "If-Match" in r.json()["error"]["message"], (bad, r.text)
+    r = _call("POST", url, json={"data": {"ok": True}, "expected_version": version},
+              headers={"If-Match": f'"{version + 1}"'})
+    assert r.status_code == 400 and "expected_version" in r.json()["error"]["message"], r.text
+    done = _call("POST", url, json={"data": {"ok": True}}, headers={"If-Match": f'"{version}"'})
+    assert done.status_code == 200, done.text
+    assert done.headers["etag"] == f'"{done.json()["version"]}"' and done.json()["version"] > version
+    # a governance change takes it too, and `*` asks only that the instance exists
+    r = _call("POST", f"{server}/api/context-governance/inject", json={"instance_id": iid, "values": {"memo": 1}},
+              headers={"If-Match": f'"{version}"'})
+    assert r.status_code == 412 and r.json()["error"]["kind"] == "precondition_failed", r.text
+    r = _call("POST", f"{server}/api/context-governance/inject", json={"instance_id": iid, "values": {"memo": 1}},
+              headers={"If-Match": "*"})
+    assert r.status_code == 200 and r.headers["etag"] == f'"{r.json()["version"]}"', r.text
