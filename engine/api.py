@@ -48,6 +48,7 @@ from .governance import (
     InjectArgs,
     InstanceId,
     InspectArgs,
+    MAX_LABEL_CHARS,
     InspectFilter,
     ResolveArgs,
     RollbackArgs,
@@ -64,8 +65,9 @@ from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
 from .worker import DEFAULT_STREAM, dead_letter_ids, has_queue, queue_client
 
-__all__ = ["CONDITIONAL_ROUTES", "DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV",
-           "Unauthorized", "answer_responses", "create_app", "dead_letter_reader", "route_responses", "status_for"]
+__all__ = ["CONDITIONAL_ROUTES", "DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS",
+           "STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "answer_responses", "create_app", "dead_letter_reader",
+           "route_responses", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
 #: A request body larger than this is refused (413) before it is read on: an inject of megabytes
@@ -150,13 +152,19 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_other_names)
 
 
+def _who(description: str) -> Any:
+    """The ``user`` field of a request: a person's name or id, on the tape as the actor of every event the
+    request makes, so bounded as a label is."""
+    return Field(default=None, max_length=MAX_LABEL_CHARS, description=description)
+
+
 class _Instance(_Body):
     instance_id: InstanceId | None = Field(default=None, description="the instance (required: here or as ?instance_id=)")
 
 
 class _Change(_Instance):
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who asks (recorded on the tape as the actor)")
+    user: str | None = _who("who asks (recorded on the tape as the actor)")
 
 
 class InspectRequest(InspectArgs, _Instance):
@@ -222,27 +230,27 @@ class AnswerRequest(AnswerArgs, _Body):
 
 
 class StartRequest(StartArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
-    user: str | None = None
+    user: str | None = _who("who starts it (recorded on the tape as the actor)")
 
 
 class SendEventRequest(SendEventArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who sends it (recorded on the tape as the actor)")
+    user: str | None = _who("who sends it (recorded on the tape as the actor)")
 
 
 class UserTaskRequest(UserTaskArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who completes it (recorded on the tape as the actor)")
+    user: str | None = _who("who completes it (recorded on the tape as the actor)")
 
 
 class CancelRequest(CancelArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who cancels (recorded on the tape as the actor)")
+    user: str | None = _who("who cancels (recorded on the tape as the actor)")
 
 
 class ResumeRequest(ResumeArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who answers (the tape's actor; a join's resolution names them)")
+    user: str | None = _who("who answers (the tape's actor; a join's resolution names them)")
 
 
 class _Open(BaseModel):  # a reply's part: the fields DESIGN.md names; more may come (added, never renamed)

@@ -680,7 +680,7 @@ class AnswerArgs(_Args):
 
     value: Any = Field(validation_alias=AliasChoices("value", "answer", "resolution"))
     reason: str | None = None
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=MAX_LABEL_CHARS, description="who answers (the tape's actor)")
     instance_id: InstanceId | None = Field(default=None, description="needed when several instances have this confirmation id")
     expected_version: int | None = Field(default=None, ge=1)
 

@@ -162,3 +162,25 @@ def test_etag_and_if_match_carry_the_instance_version(server: str) -> None:
     r = _call("POST", f"{server}/api/context-governance/inject", json={"instance_id": iid, "values": {"memo": 1}},
               headers={"If-Match": "*"})
     assert r.status_code == 200 and r.headers["etag"] == f'"{r.json()["version"]}"', r.text
+
+
+@pytest.mark.parametrize("route", ["start", "user-task", "cancel", "inject", "answer"])
+def test_who_asks_is_bounded_as_a_persons_other_text(server: str, route: str) -> None:
+    """``user`` goes on the tape as the actor of every event the request makes: 100 KB of it was taken."""
+    doc = _start(server)
+    iid = doc["instance_id"]
+    path, body = {
+        "start": ("/api/instances", {"process_id": "expense", "data": {}}),
+        "user-task": (f"/api/instances/{iid}/user-tasks/manager_approval", {"data": {"ok": True}}),
+        "cancel": (f"/api/instances/{iid}/cancel", {"reason": "duplicate"}),
+        "inject": ("/api/context-governance/inject", {"instance_id": iid, "values": {"memo": 1}}),
+        "answer": ("/api/confirmations/nowhere", {"value": 1}),
+    }[route]
+    before = len(_call("GET", f"{server}/api/instances").json())
+    r = _call("POST", f"{server}{path}", json={**body, "user": "u" * 501})
+    assert r.status_code == 422, r.text
+    assert "body.user" in r.json()["error"]["message"] and "500" in r.json()["error"]["message"], r.text
+    assert _call("GET", f"{server}/api/instances/{iid}").json()["version"] == doc["version"]  # nothing changed
+    assert len(_call("GET", f"{server}/api/instances").json()) == before  # nothing started
+    r = _call("POST", f"{server}{path}", json={**body, "user": "u" * 500})
+    assert r.status_code != 422, r.text
