@@ -530,14 +530,24 @@ class ReplayDocument(_Open):
     layers: dict[str, ReplayLayer] = Field(description="layer (`L0`..`L5`) -> its keys")
 
 
+ETAG_HEADER = {"ETag": {"description": "the instance's version, quoted (`\"3\"`): what a change's `If-Match` asks "
+                                       "for", "schema": {"type": "string"}}}
+
+
+def _success(route: str, model: type[BaseModel], description: str) -> dict[str, Any]:
+    """A route's success answer for /openapi.json: ``model``, and the ``ETag`` of the routes that send one."""
+    etag = {"headers": ETAG_HEADER} if route in (*CONDITIONAL_ROUTES, "document", "start") else {}
+    return {"model": model, "description": description, **etag}
+
+
 def answer_responses(route: str, model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
     """``route_responses`` plus its success, ``model``."""
-    return {200: {"model": model, "description": description}, **route_responses(route)}
+    return {200: _success(route, model, description), **route_responses(route)}
 
 
 def document_responses(route: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
     """``route_responses`` plus its success: the instance's document (``InstanceDocument``)."""
-    return {status: {"model": InstanceDocument, "description": "the instance's document, as it is now"},
+    return {status: _success(route, InstanceDocument, "the instance's document, as it is now"),
             **route_responses(route)}
 
 
@@ -898,8 +908,8 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
                                          actor=body.user or "api", by=body.user))
 
     @app.post("/api/context-governance/rollback", tags=["context-governance"], response_model=None,
-              responses={200: {"model": RollbackDocument, "description": "the instance's document, the context "
-                                                                         "rolled back as it is now"},
+              responses={200: _success("rollback", RollbackDocument, "the instance's document, the context rolled "
+                                                                       "back as it is now"),
                          **route_responses("rollback")})
     def rollback(body: RollbackRequest, response: Response, instance_id: QueryId = None,
                  if_match: IfMatch = None,

@@ -162,6 +162,13 @@ def test_etag_and_if_match_carry_the_instance_version(server: str) -> None:
     r = _call("POST", f"{server}/api/context-governance/inject", json={"instance_id": iid, "values": {"memo": 1}},
               headers={"If-Match": "*"})
     assert r.status_code == 200 and r.headers["etag"] == f'"{r.json()["version"]}"', r.text
+    # and /openapi.json says so, for a generated client
+    operation = local_http.get(f"{server}/openapi.json", timeout=30).json()["paths"][
+        "/api/instances/{instance_id}/user-tasks/{task_id}"]["post"]
+    assert "ETag" in operation["responses"]["200"]["headers"]
+    assert {"name": "if-match", "in": "header"}.items() <= next(
+        p for p in operation["parameters"] if p["name"] == "if-match").items()
+    assert "412" in operation["responses"]
 
 
 @pytest.mark.parametrize("route", ["start", "user-task", "cancel", "inject", "answer"])
