@@ -383,6 +383,24 @@ class InstanceSummary(_Open):
         "`definition.version` (null: an instance from before versions were kept)")
 
 
+class ConsoleSummary(_Open):
+    """One row of the console's GET /api/instance-summaries: the instance at a glance."""
+    instance_id: str
+    id: str = Field(description="the same id, as the store names it")
+    process_id: str | None
+    status: Status
+    version: int | None = Field(description="the instance's version (what `expected_version` / `If-Match` ask for)")
+    started: str | None = Field(description="ISO 8601, UTC")
+    updated: str | None = Field(description="ISO 8601, UTC")
+    definition_version: str | None = Field(description="the definition it runs: its document's `definition.version`")
+    dead_letter: str | None = Field(default=None, description=(
+        "only on an unfinished instance whose delivery a worker dead-lettered: the dead letter's id"))
+    waiting_for: list[WaitingItem]
+    tokens_total: int | None = Field(description="tokens of its main context (null: its record cannot be loaded)")
+    open_conflicts: int
+    error: RunError | None = Field(description="its error; for one whose record cannot be loaded, the damage")
+
+
 class RollbackDocument(InstanceDocument):
     """The instance's document with ``layers`` and ``tokens`` of the context rolled back, as they
     are after it, plus the rollback's own fields, as `layerflow rollback --json` prints it."""

@@ -39,7 +39,7 @@ from context_layers.errors import ContextKeyError, LayerflowError, ProcessError
 from context_layers.stores import StoreError, StoreUnavailable
 from context_layers.tape import EventKind
 
-from .api import ReplayDocument, answer_responses, route_responses
+from .api import ConsoleSummary, ReplayDocument, answer_responses, route_responses
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
 from .governance import GovernanceService, event_document, mark_dead_letters, moved_keys
 from .process import definition_version
@@ -83,7 +83,9 @@ def mount_console(app: FastAPI) -> None:
     tags: list[str | Enum] = ["console"]
     auth = [Depends(bearer)]
 
-    @app.get("/api/instance-summaries", responses=route_responses("instance_summaries"), tags=tags, dependencies=auth)
+    @app.get("/api/instance-summaries", response_model=None, tags=tags, dependencies=auth,
+             responses={200: {"model": list[ConsoleSummary], "description": "the instances, newest first"},
+                        **route_responses("instance_summaries")})
     def instance_summaries(status: Annotated[Status | None, Query(description="only this status")] = None,
                            limit: Annotated[int, Query(ge=1, le=500)] = 100,
                            process_id: Annotated[str | None, Query(description="only this process's")] = None,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import local_http
 import pytest
 
@@ -105,8 +106,17 @@ def test_instance_rows_name_the_definition_version_the_instance_runs(server: str
     paged = _call("GET", f"{server}/api/instances", params={"process_id": "expense", "limit": 1}).json()
     assert paged[0]["definition_version"] == _call("GET", f"{server}/api/instances/{paged[0]['id']}").json()[
         "definition"]["version"]
-    summaries = {r["id"]: r for r in _call("GET", f"{server}/api/instance-summaries").json()}
+    answered = _call("GET", f"{server}/api/instance-summaries").json()
+    summaries = {r["id"]: r for r in answered}
     assert summaries[iid]["definition_version"] == defined
+    # the rows are what /openapi.json declares (they were declared as any objects)
+    openapi = local_http.get(f"{server}/openapi.json", timeout=30).json()
+    schema = openapi["paths"]["/api/instance-summaries"]["get"]["responses"]["200"]["content"]["application/json"][
+        "schema"]
+    assert schema["items"] == {"$ref": "#/components/schemas/ConsoleSummary"}
+    jsonschema.validate(answered, {**schema, "components": openapi["components"]})
+    for name in ("ConsoleSummary", "InstanceSummary"):
+        assert "definition_version" in openapi["components"]["schemas"][name]["properties"], name
     listed = subprocess.run([sys.executable, "-m", "engine.cli", "list", "--json", "--store",
                              f"sqlite:///{folder / 'rest.db'}"], cwd=ROOT, env=_env(), capture_output=True,
                             text=True, timeout=120)
