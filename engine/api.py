@@ -552,6 +552,13 @@ ETAG_HEADER = {"ETag": {"description": "the instance's version, quoted (`\"3\"`)
                                        "for", "schema": {"type": "string"}}}
 
 
+PAGE_HEADERS = {
+    "X-Total-Count": {"description": "how many instances the filters select in all", "schema": {"type": "integer"}},
+    "Link": {"description": 'the next page (`</api/instances?...&offset=N>; rel="next"`), while there is one',
+             "schema": {"type": "string"}},
+}
+
+
 def _success(route: str, model: type[BaseModel], description: str) -> dict[str, Any]:
     """A route's success answer for /openapi.json: ``model``, and the ``ETag`` of the routes that send one."""
     etag = {"headers": ETAG_HEADER} if route in (*CONDITIONAL_ROUTES, "document", "start") else {}
@@ -1026,20 +1033,27 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.process(process_id)
 
     @app.get("/api/instances", tags=["instances"], response_model=None,
-             responses={200: {"model": list[InstanceSummary], "description": "the instances, newest first"},
+             responses={200: {"model": list[InstanceSummary], "description": "the instances, newest first",
+                              "headers": PAGE_HEADERS},
                         **route_responses("list_instances")})
     def list_instances(status: Status | None = Query(default=None, description="only this status"),
                        process_id: str | None = Query(default=None, description="only the instances of this process"),
                        limit: int | None = Query(default=None, ge=1, description="at most this many"),
                        offset: int = Query(default=0, ge=0, description="skip this many of those selected first"),
-                       s: GovernanceService = Depends(svc)
+                       *, request: Request, response: Response, s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
         """Instance summaries, newest first, each naming who holds its lease right now (``held_by``), the
         definition it runs (``definition_version``) and, for one whose delivery a worker dead-lettered, that
         dead letter (``dead_letter``: no worker runs it until it is requeued); ``limit`` and ``offset`` page
-        through them."""
-        rows = s.list_instances(status, holders=True, process_id=process_id, limit=limit, offset=offset)
+        through them: ``X-Total-Count`` says how many the filters select, and ``Link`` (``rel="next"``) where
+        the next page starts while there is one (newest first: instances started meanwhile push the older
+        ones on by as many)."""
+        rows, total = s.instance_page(status, holders=True, process_id=process_id, limit=limit, offset=offset)
         mark_dead_letters(rows, dead_letters() if rows else {})
+        response.headers["X-Total-Count"] = str(total)
+        if offset + len(rows) < total:
+            after = request.url.include_query_params(offset=offset + len(rows))
+            response.headers["Link"] = f'<{after.path}?{after.query}>; rel="next"'
         return rows
 
     @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,

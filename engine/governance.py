@@ -918,14 +918,21 @@ def instance_rows(store: Any, status: str | None = None, *, holders: bool = Fals
     ``layerflow list --json`` alike; ``limit`` of them from the ``offset``-th on. ``holders``: each with
     ``held_by`` (a lease lookup per row) and ``definition_version`` (the definition it runs, as its
     document's ``definition.version``: a record read per row, no tape), so only for a listing someone reads."""
-    rows = [{"instance_id": r["id"], **r} for r in store.list()
-            if (status is None or r.get("status") == status) and (process_id is None or r.get("process_id") == process_id)]
-    rows = rows[offset:] if limit is None else rows[offset:offset + limit]
+    return instance_page(store, status, holders=holders, process_id=process_id, limit=limit, offset=offset)[0]
+
+
+def instance_page(store: Any, status: str | None = None, *, holders: bool = False, process_id: str | None = None,
+                  limit: int | None = None, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """``instance_rows``, and how many instances the filters select in all (the page's ``total``)."""
+    selected = [{"instance_id": r["id"], **r} for r in store.list()
+                if (status is None or r.get("status") == status)
+                and (process_id is None or r.get("process_id") == process_id)]
+    rows = selected[offset:] if limit is None else selected[offset:offset + limit]
     if holders:
         for r in rows:
             r["held_by"] = held_by(store, r["id"], r["status"])
             r["definition_version"] = _definition_version(store, r)
-    return rows
+    return rows, len(selected)
 
 
 def mark_dead_letters(rows: Iterable[dict[str, Any]], letters: Mapping[str, str]) -> None:
@@ -1189,7 +1196,12 @@ class GovernanceService:
                        process_id: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
         """Summaries, newest first (``instance_rows``); ``holders``: each with ``held_by`` (a lease
         lookup per row, so only for a listing someone reads)."""
-        return instance_rows(self.engine.store, status, holders=holders, process_id=process_id, limit=limit,
+        return self.instance_page(status, holders=holders, process_id=process_id, limit=limit, offset=offset)[0]
+
+    def instance_page(self, status: str | None = None, *, holders: bool = False, process_id: str | None = None,
+                      limit: int | None = None, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """``list_instances``, and how many the filters select in all."""
+        return instance_page(self.engine.store, status, holders=holders, process_id=process_id, limit=limit,
                              offset=offset)
 
     def document(self, instance_id: str) -> dict[str, Any]:

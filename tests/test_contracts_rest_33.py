@@ -201,3 +201,22 @@ def test_who_asks_is_bounded_as_a_persons_other_text(server: str, route: str) ->
     assert len(_call("GET", f"{server}/api/instances").json()) == before  # nothing started
     r = _call("POST", f"{server}{path}", json={**body, "user": "u" * 500})
     assert r.status_code != 422, r.text
+
+
+def test_the_instance_list_says_how_many_there_are_and_where_the_next_page_starts(server: str) -> None:
+    for _ in range(3):
+        _start(server)
+    everything = _call("GET", f"{server}/api/instances", params={"process_id": "expense"})
+    total = int(everything.headers["x-total-count"])
+    assert total == len(everything.json()) >= 3 and "link" not in everything.headers
+    seen: list[str] = []
+    page = _call("GET", f"{server}/api/instances", params={"process_id": "expense", "limit": 2})
+    while True:
+        assert page.status_code == 200 and int(page.headers["x-total-count"]) == total
+        seen += [r["id"] for r in page.json()]
+        if "link" not in page.headers:
+            break
+        link = page.headers["link"]
+        assert link.endswith('>; rel="next"') and "process_id=expense" in link and "limit=2" in link, link
+        page = _call("GET", f"{server}{link[1:link.index('>')]}")
+    assert seen == [r["id"] for r in everything.json()]
