@@ -259,9 +259,11 @@ def _instance_document(instance: Instance) -> dict[str, Any]:
 
 
 def _fix_hint(instance: Instance, at: str) -> str | None:
-    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None."""
+    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None: for
+    every kind a step fails with (a layer rule's refusal, a model's error, ...), as the worker's log
+    says it; a join's conflict error says itself how to settle it (``--set`` there needs ``--context``)."""
     error = instance.error or {}
-    if instance.status != "error" or error.get("kind") != "activity_failed" or not error.get("task_id"):
+    if instance.status != "error" or error.get("kind") == "merge_conflict" or not error.get("task_id"):
         return None
     return (f"fix its cause, then `layerflow resume {instance.id}{at}` runs {error['task_id']} again "
             f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
