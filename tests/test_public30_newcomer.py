@@ -109,6 +109,15 @@ def test_the_appeal_runs_to_its_end_on_answers_given_in_advance(appeal: Path) ->
     doc = doc_of(done)
     assert doc["layers"]["L3"]["appeal_outcome"] == "restored" and doc["layers"]["L3"]["restored"] is True
     assert [(c["key"], c["resolution"]["resolver"]) for c in doc["conflicts"]] == [("final_status", "human")]
+    # inspect scores the context against DESIGN's default thresholds and marks density "fires"; no
+    # compression ran, nor will: close_appeal's config asks for none, and inspect says so
+    assert doc["compressions"] == []
+    inspect = cli(appeal, "inspect", doc["instance_id"], "--json")
+    check = doc_of(inspect)["attention_check"]
+    assert check["activity_id"] == "close_appeal" and check["compresses_after"] is False
+    assert "density" in check["would_trigger"]
+    plain = cli(appeal, "inspect", doc["instance_id"]).stdout
+    assert "close_appeal asks for no compression" in plain, plain
 
 
 def test_a_handler_reading_a_key_the_context_lacks_says_where_to_give_it_and_how_to_go_on(appeal: Path) -> None:
