@@ -726,10 +726,10 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         try:
             # its data passed check_start_data; with answers, it is created once the run has taken them
             with engine.starting(process, data, instance_id=instance_id, answers=answers) as instance:
-                if not as_json:
-                    out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)}"
-                             + ("; saved once the run has taken the answers given" if instance.version == 0 else "")
-                             + ")")
+                # stderr, --json too: where the instance is kept is what a later resume or inspect needs
+                out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)}"
+                         + ("; saved once the run has taken the answers given" if instance.version == 0 else "")
+                         + ")")
                 instance = engine.run(instance, answers=answers, by=by,
                                       ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:

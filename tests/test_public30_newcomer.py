@@ -108,6 +108,9 @@ def test_the_appeal_runs_to_its_end_on_answers_given_in_advance(appeal: Path) ->
     assert done.returncode == 0, done.stderr
     doc = doc_of(done)
     assert doc["layers"]["L3"]["appeal_outcome"] == "restored" and doc["layers"]["L3"]["restored"] is True
+    # "`run` names the store on stderr": with --json too (stdout holds the document alone)
+    assert f"instance {doc['instance_id']} of moderation_appeal started (store sqlite:///{appeal / 'runs.db'}" \
+        in done.stderr, done.stderr
     assert [(c["key"], c["resolution"]["resolver"]) for c in doc["conflicts"]] == [("final_status", "human")]
     # inspect scores the context against DESIGN's default thresholds and marks density "fires"; no
     # compression ran, nor will: close_appeal's config asks for none, and inspect says so
