@@ -1556,8 +1556,6 @@ def _attention_check(instance: Instance, report: dict[str, Any], activity: str |
                                                 else row["value"] > limit)
         row["fires"] = row["name"] in fired
     return {"activity_id": activity, "config": "activity" if cfg is not None else "defaults",
-            # the engine compresses after an activity only where its config asks for it (a threshold,
-            # attentionThresholds or compressRules): "fires" is then what a `compress` request acts on
             "compresses_after": bool(cfg is not None and cfg.compression_configured),
             "scope_tokens": rows[0]["value"], "min_attention_tokens": floor, "triggers": rows,
             "would_trigger": status["would_trigger"], "explain": status["explain"]}
@@ -1645,11 +1643,14 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
     status_rows = [*_inspect_status_rows(instance, _store_hint(store)), *([["held_by", holder]] if holder else []),
                    ["definition", _definition_text(instance.process.definition())]]
-    against = (f"thresholds of {activity}" if check["config"] == "activity"
-               else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
-    if activity and not check["compresses_after"]:
-        against += (f"; {activity} asks for no compression (no threshold, attentionThresholds or compressRules),"
-                    " so none runs after it: `fires` is what a compress request would act on")
+    # the engine compresses after an activity only where its config asks for it
+    idle = "so no compression runs after it: `fires` is what a compress request would act on"
+    if check["config"] == "activity":
+        against = f"thresholds of {activity}" + ("" if check["compresses_after"] else
+                                                 f"; {activity} asks for none (no threshold, "
+                                                 f"attentionThresholds or compressRules), {idle}")
+    else:
+        against = "default thresholds" + (f" ({activity} has no config, {idle})" if activity else "")
     if out.tty:
         _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
     else:

@@ -120,7 +120,7 @@ def test_the_appeal_runs_to_its_end_on_answers_given_in_advance(appeal: Path) ->
     assert check["activity_id"] == "close_appeal" and check["compresses_after"] is False
     assert "density" in check["would_trigger"]
     plain = cli(appeal, "inspect", doc["instance_id"]).stdout
-    assert "close_appeal asks for no compression" in plain, plain
+    assert "close_appeal has no config, so no compression runs after it" in plain, plain
 
 
 def test_a_handler_reading_a_key_the_context_lacks_says_where_to_give_it_and_how_to_go_on(appeal: Path) -> None:
