@@ -283,7 +283,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                      "with --store sqlite:///FILE (or set LAYERFLOW_STORE) to continue it later")
     at = _store_hint(store)
     if instance.error and instance.status == "error":
-        lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
+        command = f"`layerflow resume {instance.id}"  # the commands the error names, with the store
+        message = str(instance.error["message"]).replace(command, command + at)
+        lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {message}")
         fix = _fix_hint(instance, at)
         if fix:
             lines.append(f"  {fix}")
@@ -1663,8 +1665,10 @@ def _inspect_status_rows(instance: Instance, at: str) -> list[list[str]]:
     (``waiting``, kind, id, task, due), as `run` prints them (and ``held_by``, added by the caller)."""
     rows: list[list[str]] = []
     if instance.status == "error" and instance.error:
+        command = f"`layerflow resume {instance.id}"  # the commands the error names, with the store
+        message = str(instance.error.get("message")).replace(command, command + at)
         rows.append(["error", str(instance.error.get("kind")), str(instance.error.get("task_id") or "-"),
-                     terminal_text(str(instance.error.get("message")))])
+                     terminal_text(message)])
         fix = _fix_hint(instance, at)
         if fix:
             rows.append(["fix", fix])

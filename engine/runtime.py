@@ -2449,6 +2449,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if not isinstance(err, LayerflowError):
             message = f"{type(err).__name__}: {message}"
             kind = "engine_error"
+        # a join's error is written where the instance is not known (gateways): its `layerflow resume ID`
+        # is this instance's, as a person pastes it
+        message = message.replace("`layerflow resume ID", f"`layerflow resume {inst.id}")
         inst.error = {"kind": kind, "message": message, "task_id": task_id}
         line = getattr(err, "line", None)
         if line is not None:
