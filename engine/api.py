@@ -103,6 +103,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "invalid_record": 422,
     "model_error": 502,
     "store_unavailable": 503,
+    "store_error": 500,  # a store's failure no narrower kind names (a damaged record is invalid_record)
 }
 
 

@@ -1699,7 +1699,9 @@ class GovernanceService:
                 # none waits: name what does (a confirmation, a message), as the engine's refusal does
                 shown = (", ".join(f"{w['task_id']} ({w['id']})" for w in waiting)
                          or f"no user task ({events.describe_waiting(instance.waiting_for)})")
-                if not has_user_task(instance, task_id):  # not the instance's at all: a wrong address, not a state
+                if not has_user_task(instance, task_id) and task_id not in instance.process.element_ids():
+                    # not the instance's at all (a typo): a wrong address; an element of its process that is no
+                    # user task (a script task's id) stays a state the instance is in, as before
                     raise ContextKeyError(f"instance {instance_id} ({instance.status}) has no user task "
                                           f"{task_id!r}{why_not_waiting(instance, task_id)}; it waits for {shown}")
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
