@@ -131,6 +131,7 @@ AT_REST = ("completed", "waiting", "error", "cancelled")
 ERROR_CHARS = 2000  # of an error message kept in a dead letter: a message may quote a whole record
 TRIM_INTERVAL = 5.0  # seconds between trims of the entries every group is done with (``trim_done``)
 CONSUMER_IDLE_MS = 3600_000  # a consumer with nothing pending that did not read for this long is gone
+HINT_INTERVAL = 60.0  # seconds between looks for this stream's work in the server's other databases (``_WorkElsewhere``)
 BEGUN_TTL = 24 * 3600  # seconds an "activity begun" marker outlives a worker that died before its instance rested
 
 log = logging.getLogger("layerflow.worker")
@@ -630,8 +631,12 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
             _requeue(store, client, stream, stats)
         except _redis_down() as err:
             raise _queue_down(client, err) from err
-    log.info("worker %s: running the instances put on stream %r (group %r); Ctrl-C or SIGTERM stops it after the "
-             "instance in hand", consumer, stream, group)
+    log.info("worker %s: running the instances put on stream %r (group %r) of the queue's Redis %s, for the %s; %s. "
+             "Ctrl-C or SIGTERM stops it after the instance in hand", consumer, stream, group, _queue_where(client),
+             _serves(store), _stream_counts(client, stream, group))
+    hint = _WorkElsewhere(client, stream, group, consumer)
+    hint.check()
+    next_hint = time.monotonic() + HINT_INTERVAL
     other_store = _other_store_check(queue, store, consumer, idle_ms, stats)
     restore = _stop_on_signals(stop, consumer)
     cursor = "0-0"
@@ -661,6 +666,9 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                     reply = client.xreadgroup(group, consumer, {stream: ">"}, count=1, block=block_ms)
                     entries = [(eid, fields) for _, batch in reply for eid, fields in batch
                                if not other_store(eid, fields, None)]
+                if not entries and hint.active and time.monotonic() >= next_hint:
+                    next_hint = time.monotonic() + HINT_INTERVAL
+                    hint.check()
                 for entry_id, fields in entries:
                     _handle(engine, store, queue, consumer, ttl, max_deliveries, entry_id, fields, stats,
                             taken_over=taken_over, previous=owners.get(entry_id))
@@ -779,6 +787,125 @@ def _warn_if_evicting(*clients: Any) -> None:
                         "tapes, records or stream entries, without an error; give a Redis that workers share "
                         "maxmemory-policy noeviction (a full one then refuses writes, which workers wait out)",
                         where, policy)
+
+
+def _serves(store: Store) -> str:
+    """The store a worker serves, for its start line: as entries name it (``store_identity``), its URL, and
+    how many instances it holds (when the backend counts them cheaply)."""
+    inner = store.store if isinstance(store, InstanceRecords) else store
+    identity = store_identity(inner)
+    label = f"store {identity} ({_store_label(inner)})" if identity else f"store {_store_label(inner)}"
+    count = getattr(inner, "count_instances", None)
+    if count is None:
+        return label
+    try:
+        return f"{label}, which holds {count()} instances"
+    except StoreError as err:
+        return f"{label} (not counted: {err})"
+
+
+def _stream_counts(client: Any, stream: str, group: str) -> str:
+    """What waits on the stream for the group, for the worker's start line: its entries, those the group
+    has not read yet (Redis 7 counts them) and those pending with workers."""
+    import redis
+
+    try:
+        length = int(client.xlen(stream))
+        mine = next((g for g in client.xinfo_groups(stream) if str(g["name"]) == group), None)
+    except redis.RedisError as err:
+        return f"the stream not counted ({type(err).__name__}: {err})"
+    text = f"the stream holds {length} entries"
+    if mine is None:
+        return text
+    lag = mine.get("lag")
+    unread = f"{lag} not yet read, " if isinstance(lag, int) else ""
+    return f"{text} ({unread}{mine['pending']} pending with workers of the group)"
+
+
+class _WorkElsewhere:
+    """Whether the work of a worker whose stream never had an entry is in another database of its Redis
+    server: a stream of the same name there with entries means ``layerflow submit`` was given another
+    database than this worker (``--store .../14`` beside ``--store .../5``), and the worker would idle
+    forever, so ``check`` logs one line naming that database, its entries and the --store to use.
+
+    Cheap enough to run once a minute: INFO keyspace names the databases holding keys, and each is asked
+    about the one key of the stream's name (no SCAN). It stops for good once the stream has had an entry
+    (a stream of that name elsewhere is then another fleet, not a mistake), and says each database once.
+    A Redis that refuses any of it (an ACL without INFO or SELECT) ends the checks: they are only a hint.
+    """
+
+    def __init__(self, client: Any, stream: str, group: str, consumer: str) -> None:
+        self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
+        self.active = True
+        self.told: set[int] = set()
+
+    def check(self) -> None:
+        import redis
+
+        if not self.active:
+            return
+        try:
+            if _text(self.client.xinfo_stream(self.stream).get("last-generated-id", "0-0")) != "0-0":
+                self.active = False  # this stream is in use: its own work comes here
+                return
+            found = [f for f in self._elsewhere() if f[0] not in self.told]
+        except (redis.ConnectionError, redis.TimeoutError):
+            return  # the loop deals with an outage; the next check comes after it
+        except redis.RedisError as err:
+            self.active = False
+            log.debug("worker %s: not looking for this stream in other databases: %s", self.consumer, err)
+            return
+        if not found:
+            return
+        self.told.update(db for db, _ in found)
+        log.warning("worker %s: stream %r on %s has never had an entry, but on that server %s", self.consumer,
+                    self.stream, _queue_where(self.client), "; ".join(text for _, text in found))
+
+    def _elsewhere(self) -> list[tuple[int, str]]:
+        """(database, what it holds and the option to start with) for each other database of the server
+        whose key of the stream's name is a stream with entries."""
+        import redis
+
+        pool = self.client.connection_pool
+        kw = dict(pool.connection_kwargs)
+        own = int(kw.get("db") or 0)
+        base = _queue_where(self.client).rsplit("/", 1)[0]
+        dbs = sorted(int(str(name)[2:]) for name in self.client.info("keyspace") if str(name)[2:].isdigit())
+        found = []
+        for db in dbs:
+            if db == own:
+                continue
+            other_pool = redis.ConnectionPool(connection_class=pool.connection_class, **{**kw, "db": db})
+            other = redis.Redis(connection_pool=other_pool)
+            try:
+                if _text(other.type(self.stream)) != "stream":
+                    continue
+                length = int(other.xlen(self.stream))
+                if not length:
+                    continue
+                group = next((g for g in other.xinfo_groups(self.stream) if _text(g["name"]) == self.group), None)
+                [(_id, fields)] = other.xrevrange(self.stream, count=1)
+            finally:
+                other_pool.disconnect()
+            lag = group.get("lag") if group is not None else None
+            unread = f"{lag} not yet read by group {self.group!r}" if isinstance(lag, int) else (
+                f"no group {self.group!r} reads it" if group is None else "")
+            theirs = _text({_text(k): v for k, v in fields.items()}.get("store") or "")
+            named = re.fullmatch(r"redis db (\d+) prefix '([^']*)'", theirs)
+            if named:
+                prefix = "" if named[2] == "layerflow" else f"?prefix={named[2]}"
+                todo = f"start this worker with --store {base}/{named[1]}{prefix}"
+            else:
+                todo = (f"start this worker with --queue {base}/{db}"
+                        + (f" and the store `layerflow submit` used ({theirs})" if theirs else ""))
+            found.append((db, f"database {db} has a stream of that name with {length} entries"
+                              + (f" ({unread})" if unread else "") + (f" for the store {theirs}" if theirs else "")
+                              + f": `layerflow submit` put its work there; to run it, {todo}"))
+        return found
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _outage(client: Any, err: BaseException) -> BaseException | None:
