@@ -117,7 +117,7 @@ from context_layers.stores import InstanceNotFound, InstanceRecords, Store, Stor
 
 from .leases import Heartbeat, LeaseLost
 from .process import Process, load_process
-from .runtime import Engine, Instance, _prepared_start
+from .runtime import Engine, Instance, _prepared_start, _utc
 from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
@@ -132,6 +132,7 @@ ERROR_CHARS = 2000  # of an error message kept in a dead letter: a message may q
 TRIM_INTERVAL = 5.0  # seconds between trims of the entries every group is done with (``trim_done``)
 CONSUMER_IDLE_MS = 3600_000  # a consumer with nothing pending that did not read for this long is gone
 HINT_INTERVAL = 60.0  # seconds between looks for this stream's work in the server's other databases (``_WorkElsewhere``)
+DEAD_LETTER_FORMAT = 2  # 2: letters keep the entry's wake and store (``DeadLetter.format``)
 BEGUN_TTL = 24 * 3600  # seconds an "activity begun" marker outlives a worker that died before its instance rested
 
 log = logging.getLogger("layerflow.worker")
@@ -168,14 +169,22 @@ class DeadLetter:
     time: str           # ISO 8601, UTC
     wake: str = ""      # the entry's ``wake`` ("timer": a due timer's), which ``requeue`` puts back with it
     store: str = ""     # the entry's ``store`` (``store_identity``), which ``requeue`` puts back with it
+    # DEAD_LETTER_FORMAT of the layerflow that wrote it; 1: from before letters kept ``wake`` and ``store``
+    # (one of a due timer's wake-up has none; requeued, the timer fires all the same: ``_due_now``)
+    format: int = 1
 
     @classmethod
     def from_entry(cls, dead_id: str, fields: Mapping[str, str]) -> DeadLetter:
         return cls(id=dead_id, instance_id=fields.get("instance_id", ""), entry_id=fields.get("entry_id", ""),
-                   deliveries=int(fields.get("deliveries", 0)), error_type=fields.get("error_type", ""),
+                   deliveries=_count(fields.get("deliveries")), error_type=fields.get("error_type", ""),
                    error=fields.get("error", ""), consumer=fields.get("consumer", ""),
                    group=fields.get("group", ""), time=fields.get("time", ""), wake=fields.get("wake", ""),
-                   store=fields.get("store", ""))
+                   store=fields.get("store", ""), format=_count(fields.get("format")) or 1)
+
+
+def _count(text: str | None) -> int:
+    """A number a dead letter holds as text; 0 for none, or for one written by hand that is no number."""
+    return int(text) if text and text.isdigit() else 0
 
 
 # ----------------------------------------------------------------------------- the queue
@@ -1071,7 +1080,7 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
                 mark_begun(task_id, instance.version)
 
         instance.lease_check = still_ours
-    if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
+    if instance.status not in AT_REST or (instance.status == "waiting" and (wake == "timer" or _due_now(instance))):
         if retry is not None:
             _note_retry(instance, entry_id, retry, begun)
         try:
@@ -1094,6 +1103,18 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
         raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
                              f"be one of {', '.join(AT_REST)}")
     stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
+
+
+def _due_now(instance: Instance) -> bool:
+    """Whether a waiting instance has a timer, or a confirmation's timeout, due by its clock: run, it fires
+    it. An entry that does not say ``wake`` may still be a due timer's wake-up (a dead letter from before
+    letters kept it, requeued; an entry of an older layerflow), and acknowledging it unrun would leave the
+    timer unfired until the scan queues that due time again, a day later."""
+    due = [w["due"] for w in instance.waiting_for if w.get("due") and w["kind"] in ("timer", "confirmation")]
+    if not due:
+        return False
+    now = datetime.fromtimestamp(instance.clock(), timezone.utc)
+    return any(_utc(d) <= now for d in due)
 
 
 def _waits_for(instance: Instance) -> str:
@@ -1141,7 +1162,8 @@ def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: Bas
         error_type, error = type(err).__name__, str(err)[:ERROR_CHARS]
     return {"instance_id": instance_id, "entry_id": entry_id, "error_type": error_type, "error": error,
             "consumer": consumer, "group": group, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            **({"wake": wake} if wake else {}), **({"store": store} if store else {})}
+            **({"wake": wake} if wake else {}), **({"store": store} if store else {}),
+            "format": str(DEAD_LETTER_FORMAT)}
 
 
 def _log_dead(queue: _Queue, entry_id: str, instance_id: str, count: int, dead_id: str, letter: Mapping[str, str],
