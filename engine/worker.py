@@ -241,8 +241,23 @@ def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
         return StoreUnavailable(f"the queue's Redis {_queue_where(client)} refused the connection ({cause}); put "
                                 "its password in --queue / $LAYERFLOW_QUEUE (or a redis:// --store): "
                                 "redis://:PASSWORD@HOST:PORT/DB")
+    if _dropped(err):  # it answered, then closed the connection: a server that is down is refused, not reset
+        return StoreUnavailable(f"the queue's Redis {_queue_where(client)} dropped the connection ({cause}): a CLIENT "
+                                "KILL, the server's `timeout`, a proxy or a restart closed it; a server that answers "
+                                "again is reconnected to, and if this repeats, look at what closes its clients")
     return StoreUnavailable(f"the queue's Redis {_queue_where(client)} did not answer ({cause}); start redis-server "
                             "there, or point --queue / $LAYERFLOW_QUEUE (or a redis:// --store) at one that answers")
+
+
+#: How redis-py words a connection the other end closed after it was open (not one it could not open).
+_DROPPED = ("Connection closed by server", "Connection reset by peer", "Broken pipe", "Error while reading from",
+            "Error while writing to")
+
+
+def _dropped(err: BaseException) -> bool:
+    import redis
+
+    return isinstance(err, redis.ConnectionError) and any(text in str(err) for text in _DROPPED)
 
 
 def queue_error(client: Any, err: BaseException) -> LayerflowError:
