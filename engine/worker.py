@@ -1161,8 +1161,10 @@ def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any],
         who = "taken up again by this worker, whose earlier delivery"
     else:
         who = f"taken over from consumer {previous!r}, which" if previous else "taken over from a worker that"
+    # no mark: nothing was begun since that save (a read whose reply a dropped connection lost, a delivery
+    # given back), unless marking failed, which the queue's Redis being down for that one SET would take
     again = (f"activity {task!r}, begun then, runs again" if isinstance(task, str)
-             else "an activity begun then runs again")
+             else "no activity was marked begun since that save, so none runs again")
     log.warning("entry %s: instance %s %s did not finish it (delivery %s): running it again from its last save "
                 "(version %d); %s", entry_id, instance.id, who, retry.get("delivery"), instance.version, again)
     instance.main.record("retry", actor=str(consumer), data=data)
