@@ -900,7 +900,7 @@ class _WorkElsewhere:
             if db == own:
                 continue
             other_pool = redis.ConnectionPool(connection_class=pool.connection_class, **{**kw, "db": db})
-            other = redis.Redis(connection_pool=other_pool)
+            other: Any = redis.Redis(connection_pool=other_pool)
             try:
                 if _text(other.type(self.stream)) != "stream":
                     continue
@@ -908,7 +908,8 @@ class _WorkElsewhere:
                 if not length:
                     continue
                 group = next((g for g in other.xinfo_groups(self.stream) if _text(g["name"]) == self.group), None)
-                [(_id, fields)] = other.xrevrange(self.stream, count=1)
+                last = other.xrevrange(self.stream, count=1)  # which store its newest entry names
+                fields = last[0][1] if last else {}
             finally:
                 other_pool.disconnect()
             lag = group.get("lag") if group is not None else None
