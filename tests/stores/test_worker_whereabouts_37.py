@@ -31,6 +31,7 @@ from engine import worker as worker_module
 from engine.worker import WorkerStats, run_worker, submit
 
 from .test_faults import OwnRedis
+from .test_stores_outsider_18 import own_redis
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAN = ROOT / "bpmn_examples" / "loan_approval.bpmn"
@@ -39,12 +40,7 @@ DATA = {"amount": 20000, "applicant_id": "A1", "purpose": "x"}
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[OwnRedis]:
-    own = OwnRedis(tmp_path, durable=False)
-    own.start()
-    try:
-        yield own
-    finally:
-        own.stop()
+    yield from own_redis(tmp_path / "redis", durable=False)
 
 
 def on(server: OwnRedis, db: int, prefix: str | None = None) -> str:
