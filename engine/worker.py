@@ -893,7 +893,6 @@ class _WorkElsewhere:
         pool = self.client.connection_pool
         kw = dict(pool.connection_kwargs)
         own = int(kw.get("db") or 0)
-        base = _queue_where(self.client).rsplit("/", 1)[0]
         dbs = sorted(int(str(name)[2:]) for name in self.client.info("keyspace") if str(name)[2:].isdigit())
         found = []
         for db in dbs:
@@ -918,15 +917,23 @@ class _WorkElsewhere:
             theirs = _text({_text(k): v for k, v in fields.items()}.get("store") or "")
             named = re.fullmatch(r"redis db (\d+) prefix '([^']*)'", theirs)
             if named:
-                prefix = "" if named[2] == "layerflow" else f"?prefix={named[2]}"
-                todo = f"start this worker with --store {base}/{named[1]}{prefix}"
+                todo = f"start this worker with --store {self._url(int(named[1]), named[2])}"
             else:
-                todo = (f"start this worker with --queue {base}/{db}"
+                todo = (f"start this worker with --queue {self._url(db)}"
                         + (f" and the store `layerflow submit` used ({theirs})" if theirs else ""))
             found.append((db, f"database {db} has a stream of that name with {length} entries"
                               + (f" ({unread})" if unread else "") + (f" for the store {theirs}" if theirs else "")
                               + f": `layerflow submit` put its work there; to run it, {todo}"))
         return found
+
+
+    def _url(self, db: int, prefix: str = "layerflow") -> str:
+        """The URL of database ``db`` of the queue's server (its password masked), with the store's prefix."""
+        where = _queue_where(self.client)
+        named = "" if prefix == "layerflow" else f"prefix={prefix}"
+        if "://" not in where:  # a unix socket: its path
+            return f"unix://{where}?db={db}" + (f"&{named}" if named else "")
+        return f"{where.rsplit('/', 1)[0]}/{db}" + (f"?{named}" if named else "")
 
 
 def _text(value: Any) -> str:

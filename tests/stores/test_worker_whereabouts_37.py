@@ -175,3 +175,15 @@ def test_the_cli_worker_prints_the_hint_on_stderr(server, tmp_path):
     text = err.read_text()
     assert "has never had an entry" in text and "database 14" in text, text
     assert f"--store redis://127.0.0.1:{server.port}/14?prefix=lf" in text, text
+
+
+@pytest.mark.parametrize(("client_kwargs", "expected"), [
+    ({"host": "10.0.0.5", "port": 6380, "db": 5, "password": "s3cret"}, "redis://:***@10.0.0.5:6380/14?prefix=lf"),
+    ({"unix_socket_path": "/run/redis.sock", "db": 5}, "unix:///run/redis.sock?db=14&prefix=lf"),
+])
+def test_the_hint_names_the_other_database_as_a_url_the_worker_takes(client_kwargs, expected):
+    import redis
+
+    client = redis.Redis(**client_kwargs)  # never connects: the URL is made from its settings
+    assert worker_module._WorkElsewhere(client, "s", "g", "w")._url(14, "lf") == expected
+    assert worker_module._WorkElsewhere(client, "s", "g", "w")._url(14).endswith(("/14", "?db=14"))
