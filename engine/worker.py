@@ -847,21 +847,28 @@ def _stream_counts(client: Any, stream: str, group: str) -> str:
 
 
 class _WorkElsewhere:
-    """Whether the work of a worker whose stream never had an entry is in another database of its Redis
-    server: a stream of the same name there with entries means ``layerflow submit`` was given another
-    database than this worker (``--store .../14`` beside ``--store .../5``), and the worker would idle
-    forever, so ``check`` logs one line naming that database, its entries and the --store to use.
+    """Whether the work of a worker whose stream never had an entry is elsewhere on its Redis server, where
+    it would idle forever: ``check`` logs one line naming where, the entries there and the option to start
+    the worker with.
 
-    Cheap enough to run once a minute: INFO keyspace names the databases holding keys, and each is asked
-    about the one key of the stream's name (no SCAN). It stops for good once the stream has had an entry
-    (a stream of that name elsewhere is then another fleet, not a mistake), and says each database once.
-    A Redis that refuses any of it (an ACL without INFO or SELECT) ends the checks: they are only a hint.
+    * another database holds a stream of the same name with entries: ``layerflow submit`` was given another
+      database than this worker (``--store .../14`` beside ``--store .../5``);
+    * another stream of this database holds entries no worker of this group has read (or no group reads):
+      ``submit`` was given another ``--stream``.
+
+    Cheap enough to run once a minute while idle: INFO keyspace names the databases holding keys, and each
+    is asked about the one key of the stream's name; this database's streams are looked for with a SCAN only
+    while it holds at most ``SCAN_KEYS`` keys. It stops for good once the stream has had an entry (work
+    elsewhere is then another fleet's, not a mistake), and says each place once. A Redis that refuses any of
+    it (an ACL without INFO, SELECT or SCAN) ends the checks: they are only a hint.
     """
+
+    SCAN_KEYS = 10_000
 
     def __init__(self, client: Any, stream: str, group: str, consumer: str) -> None:
         self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
         self.active = True
-        self.told: set[int] = set()
+        self.told: set[str] = set()
 
     def check(self) -> None:
         import redis
@@ -872,21 +879,44 @@ class _WorkElsewhere:
             if _text(self.client.xinfo_stream(self.stream).get("last-generated-id", "0-0")) != "0-0":
                 self.active = False  # this stream is in use: its own work comes here
                 return
-            found = [f for f in self._elsewhere() if f[0] not in self.told]
+            found = [f for f in [*self._elsewhere(), *self._beside()] if f[0] not in self.told]
         except (redis.ConnectionError, redis.TimeoutError):
             return  # the loop deals with an outage; the next check comes after it
         except redis.RedisError as err:
             self.active = False
-            log.debug("worker %s: not looking for this stream in other databases: %s", self.consumer, err)
+            log.debug("worker %s: not looking for this stream's work elsewhere: %s", self.consumer, err)
             return
         if not found:
             return
-        self.told.update(db for db, _ in found)
-        log.warning("worker %s: stream %r on %s has never had an entry, but on that server %s", self.consumer,
-                    self.stream, _queue_where(self.client), "; ".join(text for _, text in found))
+        self.told.update(where for where, _ in found)
+        log.warning("worker %s: stream %r on %s has never had an entry, but %s", self.consumer, self.stream,
+                    _queue_where(self.client), "; and ".join(text for _, text in found))
 
-    def _elsewhere(self) -> list[tuple[int, str]]:
-        """(database, what it holds and the option to start with) for each other database of the server
+    def _beside(self) -> list[tuple[str, str]]:
+        """("stream NAME", what it holds and the option to start with) for each other stream of this
+        database with entries that no worker of the group has read, in a database of at most SCAN_KEYS keys."""
+        if int(self.client.dbsize()) > self.SCAN_KEYS:
+            return []
+        found = []
+        for key in self.client.scan_iter(count=1000, _type="stream"):
+            name = _text(key)
+            if name == self.stream or name.endswith(":dead"):
+                continue
+            length = int(self.client.xlen(name))
+            groups = self.client.xinfo_groups(name)
+            group = next((g for g in groups if _text(g["name"]) == self.group), None)
+            lag = group.get("lag") if group is not None else None
+            if not length or (group is not None and not (isinstance(lag, int) and lag > 0)) or (
+                    group is None and groups):
+                continue  # read by its workers (or by another group's): another fleet's stream
+            unread = f"{lag} not yet read by group {self.group!r}" if group is not None else "no group reads it"
+            found.append((f"stream {name}", f"stream {name!r} of that database has {length} entries ({unread}): "
+                                            f"if `layerflow submit --stream {name}` put its work there, start this "
+                                            f"worker with --stream {name}"))
+        return found
+
+    def _elsewhere(self) -> list[tuple[str, str]]:
+        """("db N", what it holds and the option to start with) for each other database of the server
         whose key of the stream's name is a stream with entries."""
         import redis
 
@@ -921,7 +951,7 @@ class _WorkElsewhere:
             else:
                 todo = (f"start this worker with --queue {self._url(db)}"
                         + (f" and the store `layerflow submit` used ({theirs})" if theirs else ""))
-            found.append((db, f"database {db} has a stream of that name with {length} entries"
+            found.append((f"db {db}", f"database {db} of that server has a stream of that name with {length} entries"
                               + (f" ({unread})" if unread else "") + (f" for the store {theirs}" if theirs else "")
                               + f": `layerflow submit` put its work there; to run it, {todo}"))
         return found

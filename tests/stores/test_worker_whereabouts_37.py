@@ -5,8 +5,10 @@ submit` put the instances in /14) idled silently forever: its stream there never
 says at start which store it serves (the ``store_identity``), which stream and group, how many
 instances the store holds and how many entries wait for it; and while its stream has never had an
 entry, a cheap check (the server's INFO keyspace, then one look at a key of the stream's name in each
-other database that holds keys, at start and once a minute while idle) logs one line naming the
-database whose stream of that name has entries, with the --store to start the worker with.
+other database that holds keys, and a SCAN of its own database's streams while that holds at most 10,000
+keys; at start and once a minute while idle) logs one line naming the database whose stream of that name
+has entries, with the --store to start the worker with, or the stream of its own database whose entries no
+worker reads, with the --stream.
 
 The databases are those of a redis-server of this module's own (``own_redis``, nothing on disk): the
 test needs two databases, and the shared server's other databases belong to other people.
@@ -175,6 +177,24 @@ def test_the_cli_worker_prints_the_hint_on_stderr(server, tmp_path):
     text = err.read_text()
     assert "has never had an entry" in text and "database 14" in text, text
     assert f"--store redis://127.0.0.1:{server.port}/14?prefix=lf" in text, text
+
+
+def test_work_on_another_stream_of_the_same_database_is_hinted_at(server, lines):
+    """`submit --stream claims` beside a worker left on the default stream: another stream of its database
+    holds entries that no worker has read. A stream its workers keep up with is another fleet's: no hint."""
+    mine = on(server, 5)
+    submit(mine, LOAN, DATA, stream="claims")
+    submit(mine, LOAN, DATA, stream="kept-up")
+    assert run_worker(mine, stream="kept-up", consumer="other", block_ms=50, timer_interval=0,
+                      stop_after=1).acked == 1
+    stop, thread, _ = start_worker(mine)
+    try:
+        hint = lines.wait("has never had an entry")
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    assert "stream 'claims' of that database has 1 entries" in hint and "start this worker with --stream claims" in hint
+    assert "kept-up" not in hint and "database 5" not in hint, hint
 
 
 @pytest.mark.parametrize(("client_kwargs", "expected"), [
