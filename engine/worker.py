@@ -909,6 +909,10 @@ class _WorkElsewhere:
             if not length or (group is not None and not (isinstance(lag, int) and lag > 0)) or (
                     group is None and groups):
                 continue  # read by its workers (or by another group's): another fleet's stream
+            last = self.client.xrevrange(name, count=1)
+            fields = {_text(k) for k in (last[0][1] if last else {})}
+            if "instance_id" not in fields or "entry_id" in fields:
+                continue  # not a ready stream of layerflow's (another program's, or dead letters)
             unread = f"{lag} not yet read by group {self.group!r}" if group is not None else "no group reads it"
             found.append((f"stream {name}", f"stream {name!r} of that database has {length} entries ({unread}): "
                                             f"if `layerflow submit --stream {name}` put its work there, start this "

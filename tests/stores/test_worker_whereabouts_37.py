@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from engine import worker as worker_module
 from engine.worker import WorkerStats, run_worker, submit
@@ -185,6 +186,10 @@ def test_work_on_another_stream_of_the_same_database_is_hinted_at(server, lines)
     mine = on(server, 5)
     submit(mine, LOAN, DATA, stream="claims")
     submit(mine, LOAN, DATA, stream="kept-up")
+    queue = redis.Redis.from_url(mine)
+    queue.xadd("someone-elses", {"event": "x"})  # another program's stream, and dead letters: not work
+    queue.xadd("letters", {"instance_id": "i", "entry_id": "1-0", "error": "x"})
+    queue.close()
     assert run_worker(mine, stream="kept-up", consumer="other", block_ms=50, timer_interval=0,
                       stop_after=1).acked == 1
     stop, thread, _ = start_worker(mine)
@@ -195,6 +200,7 @@ def test_work_on_another_stream_of_the_same_database_is_hinted_at(server, lines)
         thread.join(timeout=10)
     assert "stream 'claims' of that database has 1 entries" in hint and "start this worker with --stream claims" in hint
     assert "kept-up" not in hint and "database 5" not in hint, hint
+    assert "someone-elses" not in hint and "letters" not in hint, hint
 
 
 @pytest.mark.parametrize(("client_kwargs", "expected"), [
@@ -202,7 +208,6 @@ def test_work_on_another_stream_of_the_same_database_is_hinted_at(server, lines)
     ({"unix_socket_path": "/run/redis.sock", "db": 5}, "unix:///run/redis.sock?db=14&prefix=lf"),
 ])
 def test_the_hint_names_the_other_database_as_a_url_the_worker_takes(client_kwargs, expected):
-    import redis
 
     client = redis.Redis(**client_kwargs)  # never connects: the URL is made from its settings
     assert worker_module._WorkElsewhere(client, "s", "g", "w")._url(14, "lf") == expected
