@@ -208,7 +208,6 @@ def test_work_on_another_stream_of_the_same_database_is_hinted_at(server, lines)
     ({"unix_socket_path": "/run/redis.sock", "db": 5}, "unix:///run/redis.sock?db=14&prefix=lf"),
 ])
 def test_the_hint_names_the_other_database_as_a_url_the_worker_takes(client_kwargs, expected):
-
     client = redis.Redis(**client_kwargs)  # never connects: the URL is made from its settings
     assert worker_module._WorkElsewhere(client, "s", "g", "w")._url(14, "lf") == expected
     assert worker_module._WorkElsewhere(client, "s", "g", "w")._url(14).endswith(("/14", "?db=14"))
