@@ -259,9 +259,11 @@ def _instance_document(instance: Instance) -> dict[str, Any]:
 
 
 def _fix_hint(instance: Instance, at: str) -> str | None:
-    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None."""
+    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None: for
+    every kind a step fails with (a layer rule's refusal, a model's error, ...), as the worker's log
+    says it; a join's conflict error says itself how to settle it (``--set`` there needs ``--context``)."""
     error = instance.error or {}
-    if instance.status != "error" or error.get("kind") != "activity_failed" or not error.get("task_id"):
+    if instance.status != "error" or error.get("kind") == "merge_conflict" or not error.get("task_id"):
         return None
     return (f"fix its cause, then `layerflow resume {instance.id}{at}` runs {error['task_id']} again "
             f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
@@ -281,7 +283,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                      "with --store sqlite:///FILE (or set LAYERFLOW_STORE) to continue it later")
     at = _store_hint(store)
     if instance.error and instance.status == "error":
-        lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
+        command = f"`layerflow resume {instance.id}"  # the commands the error names, with the store
+        message = str(instance.error["message"]).replace(command, command + at)
+        lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {message}")
         fix = _fix_hint(instance, at)
         if fix:
             lines.append(f"  {fix}")
@@ -724,10 +728,10 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         try:
             # its data passed check_start_data; with answers, it is created once the run has taken them
             with engine.starting(process, data, instance_id=instance_id, answers=answers) as instance:
-                if not as_json:
-                    out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)}"
-                             + ("; saved once the run has taken the answers given" if instance.version == 0 else "")
-                             + ")")
+                # stderr, --json too: where the instance is kept is what a later resume or inspect needs
+                out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)}"
+                         + ("; saved once the run has taken the answers given" if instance.version == 0 else "")
+                         + ")")
                 instance = engine.run(instance, answers=answers, by=by,
                                       ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:
@@ -1554,6 +1558,7 @@ def _attention_check(instance: Instance, report: dict[str, Any], activity: str |
                                                 else row["value"] > limit)
         row["fires"] = row["name"] in fired
     return {"activity_id": activity, "config": "activity" if cfg is not None else "defaults",
+            "compresses_after": bool(cfg is not None and cfg.compression_configured),
             "scope_tokens": rows[0]["value"], "min_attention_tokens": floor, "triggers": rows,
             "would_trigger": status["would_trigger"], "explain": status["explain"]}
 
@@ -1640,8 +1645,14 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
     status_rows = [*_inspect_status_rows(instance, _store_hint(store)), *([["held_by", holder]] if holder else []),
                    ["definition", _definition_text(instance.process.definition())]]
-    against = (f"thresholds of {activity}" if check["config"] == "activity"
-               else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
+    # the engine compresses after an activity only where its config asks for it
+    idle = "so no compression runs after it: `fires` is what a compress request would act on"
+    if check["config"] == "activity":
+        against = f"thresholds of {activity}" + ("" if check["compresses_after"] else
+                                                 f"; {activity} asks for none (no threshold, "
+                                                 f"attentionThresholds or compressRules), {idle}")
+    else:
+        against = "default thresholds" + (f" ({activity} has no config, {idle})" if activity else "")
     if out.tty:
         _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
     else:
@@ -1654,8 +1665,10 @@ def _inspect_status_rows(instance: Instance, at: str) -> list[list[str]]:
     (``waiting``, kind, id, task, due), as `run` prints them (and ``held_by``, added by the caller)."""
     rows: list[list[str]] = []
     if instance.status == "error" and instance.error:
+        command = f"`layerflow resume {instance.id}"  # the commands the error names, with the store
+        message = str(instance.error.get("message")).replace(command, command + at)
         rows.append(["error", str(instance.error.get("kind")), str(instance.error.get("task_id") or "-"),
-                     terminal_text(str(instance.error.get("message")))])
+                     terminal_text(message)])
         fix = _fix_hint(instance, at)
         if fix:
             rows.append(["fix", fix])
