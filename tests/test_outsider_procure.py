@@ -515,8 +515,16 @@ def test_an_escalated_join_tells_a_cli_user_how_to_settle_it_from_the_cli(store:
     assert code == 1 and doc["error"]["kind"] == "merge_conflict", (doc, err)
     message = doc["error"]["message"]
     assert "POST /api/context-governance/config" in message
-    assert ("layerflow resume ID --set po_status=VALUE --context BRANCH_ID` (the branches: legal_review, "
-            "finance_review)") in message, message
+    # the id is the instance's, as a person pastes it (it read `resume ID`); the plain output adds the store
+    assert (f"layerflow resume {iid} --set po_status=VALUE --context BRANCH_ID` (the branches: "
+            "legal_review, finance_review)") in message, message
+    assert f"(`layerflow resume {iid}`)" in message, message
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    shown = CliRunner(env={"LAYERFLOW_STORE": None}).invoke(main, ["inspect", iid, "--store", store])
+    assert f"`layerflow resume {iid} --store {store} --set po_status=VALUE" in " ".join(shown.stdout.split()), shown.stdout
     code, doc, err = cli("resume", iid, "--store", store, "--set", "po_status=rejected", "--context", "finance_review")
     assert code == 3 and doc["error"] is None and doc["layers"]["L3"]["po_status"] == "rejected", (doc, err)
 
