@@ -78,6 +78,7 @@ from context_layers.stores import StoreUnavailable
 
 from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
+from gateways.conflicts import jsonable
 from gateways.join import MERGED_CONFLICTS_KEY
 from gateways.policy import ESCALATE, MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 
@@ -588,6 +589,8 @@ class Engine:
         # answers for user tasks done before this run: used only if one comes back (a loop)
         passed = passed_user_tasks(instance, (answers or {}).get("user_tasks") or {})
         used: set[str] = set()  # the waiting ids and BPMN ids of the user tasks answered
+        rt.advance_answers = {str(k): v for k, v in ((answers or {}).get("confirmations") or {}).items()}
+        rt.advance_taken, rt.advance_missed = set(), {}
         try:
             while True:
                 rt.step()
@@ -627,7 +630,10 @@ class Engine:
         # the tasks that waited as the run began are named above (or were used): the rest were never reached
         named = {str(w[k]) for w in answered_for for k in ("id", "task_id")}
         instance.notices.extend(unreached_answer_notices(instance, answers, used | set(passed) | named))
-        instance.notices.extend(unused_confirmation_notices(instance, answers, star_taken="*" in used))
+        instance.notices.extend(unused_confirmation_notices(
+            instance, _without(answers, rt.advance_taken | set(rt.advance_missed)), star_taken="*" in used))
+        instance.notices.extend(unmet_instance_answers(rt.advance_answers, rt.advance_missed, rt.advance_taken))
+        rt.advance_answers, rt.advance_taken, rt.advance_missed = {}, set(), {}
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
         return instance
@@ -1563,6 +1569,30 @@ def unreached_answer_notices(instance: Instance, answers: Mapping[str, Any] | No
             for key in map(str, tasks) if key in ids and key not in settled and key not in waiting]
 
 
+def _without(answers: Mapping[str, Any] | None, keys: set[str]) -> Mapping[str, Any] | None:
+    """``answers`` without the confirmation answers ``keys`` names."""
+    if not keys or not answers:
+        return answers
+    return {**answers, "confirmations": {k: v for k, v in (answers.get("confirmations") or {}).items()
+                                         if k not in keys}}
+
+
+def unmet_instance_answers(answers: Mapping[str, Any], missed: Mapping[str, list[Any]], taken: set[str]) -> list[str]:
+    """A notice for each answer ``ACTIVITY/KEY`` to a multi-instance activity's instances that no
+    meeting of theirs on the key took: none of them brought the value (``_answer_awaited``)."""
+    notices = []
+    for key, values in missed.items():
+        if key in taken:
+            continue
+        activity, _, context_key = key.partition("/")
+        met = ", ".join(dict.fromkeys(json.dumps(jsonable(v), ensure_ascii=False) for v in values))
+        notices.append(f"answer {key!r} was not used: the instances of multi-instance activity {activity!r} that met on "
+                       f"{context_key!r} brought {met}, not {json.dumps(jsonable(answers[key]), ensure_ascii=False)}; "
+                       "the key keeps the value of the instance that ended last (see its conflicts). Answer with one "
+                       "of the values they brought")
+    return notices
+
+
 def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None, *,
                                 star_taken: bool = True) -> list[str]:
     """A notice for each confirmation answer of ``answers`` (the ``confirmations`` keys that are no
@@ -2203,6 +2233,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
         self.user_data: dict[str, dict[str, Any]] = {}
         # confirmation id -> {"value", "resolver"}: answers waiting for their join to re-run
         self.answers: dict[str, dict[str, Any]] = {}
+        # the confirmation answers the run or resume under way was given: a multi-instance activity's
+        # instances meet mid-activity, where nobody can be asked, and take theirs from here
+        self.advance_answers: dict[str, Any] = {}
+        self.advance_taken: set[str] = set()
+        self.advance_missed: dict[str, list[Any]] = {}
         self._handler_cache: dict[str, Handler | None] = {}
         # gateway task id -> {expression text: verdict} for the XOR being decided (see decide_exclusive)
         self._xor: dict[str, dict[str, bool]] = {}

@@ -1,0 +1,120 @@
+"""Round 38 gaps.
+
+* An answer ``ACTIVITY/KEY`` (``--answers``, ``--answer``, ``Engine.run``/``resume(answers=...)``,
+  REST's ``answers``) settles a conflict of a parallel multi-instance activity's instances, as
+  ``GATEWAY/KEY`` settles a join's: the instances meet as a join's branches do.
+* The instances of a multi-instance sub-process with an output collection bring back what else they
+  wrote, merged as a join's branches are (Camunda and Zeebe propagate an instance's variables to the
+  scope around it); they were dropped without a word.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Engine, load_process
+from engine.governance import InvalidAnswer
+
+from engine_helpers import chain_bpmn, cli_in_a_tmp_store, run_json, script_task, variables
+from test_gaps35 import _process
+
+cli = cli_in_a_tmp_store
+
+
+def _answers(**confirmations: Any) -> dict[str, Any]:
+    return {"confirmations": {k.replace("__", "/"): v for k, v in confirmations.items()}}
+
+
+# ----------------------------------------------------------------------------- 1. answers settle MI conflicts
+
+
+@pytest.mark.parametrize("kind", ["subProcess", "callActivity"])
+@pytest.mark.parametrize("answer", ["v1", "v2", "v3"])
+def test_an_answer_activity_slash_key_settles_the_instances_conflict(tmp_path: Path, kind: str, answer: str) -> None:
+    """Before, ``each/verdict`` was refused as naming no join (exit 2), so no answer could settle it.
+    The instances meet two at a time as each ends: the answer settles each meeting whose values it is
+    among (``v3``, the last instance's, is none of the first meeting's: that one keeps the instance that
+    ended last until ``each#3`` brings it)."""
+    engine = Engine()
+    inst = engine.run(engine.start(load_process(_process(tmp_path, kind, config="each:\n  reducers: {total: sum}\n"))),
+                      answers=_answers(each__verdict=answer))
+    assert inst.status == "completed", inst.error
+    assert variables(inst.main)["verdict"] == answer
+    records = [c for c in inst.conflicts if c["key"] == "verdict"]
+    assert records and records[-1]["resolution"]["resolver"] == "human", records
+    assert records[-1]["resolution"]["value"] == answer
+    assert f'a person chose "{answer}"' in records[-1]["resolution"]["reason"], records[-1]
+    assert not [n for n in inst.notices if "each/verdict" in n], inst.notices
+    steps = [e.data for e in inst.main.tape if e.data.get("note") == "resolution" and e.data.get("key") == "verdict"]
+    assert steps and steps[-1]["resolver"] == "human" and steps[-1]["outcome"] == "answered", steps
+
+
+def test_an_answer_no_instance_brought_is_named_as_not_used(tmp_path: Path) -> None:
+    engine = Engine()
+    inst = engine.run(engine.start(load_process(_process(tmp_path, "subProcess"))),
+                      answers=_answers(each__verdict="v9"))
+    assert inst.status == "completed", inst.error
+    assert variables(inst.main)["verdict"] == "v3"  # as without the answer: the last instance's
+    [notice] = [n for n in inst.notices if "each/verdict" in n]
+    for part in ("was not used", "multi-instance activity 'each'", '"v9"', '"v1"', '"v2"', '"v3"'):
+        assert part in notice, (part, notice)
+
+
+def test_a_failed_activity_is_settled_by_the_answer_its_error_asks_for_on_resume(tmp_path: Path) -> None:
+    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
+    config = "each:\n  mergeStrategy: MERGE_WITH_CONFLICT_DETECT\n  reducers: {total: sum}\n"
+    inst = engine.run(engine.start(load_process(_process(tmp_path, "subProcess", config=config))))
+    assert inst.status == "error" and inst.error["kind"] == "merge_conflict", inst.error
+    assert "--answer each/KEY=VALUE" in inst.error["message"] or "each/verdict" in inst.error["message"]
+    inst = engine.resume(engine.load(inst.id), answers=_answers(each__verdict="v2"))
+    assert inst.status == "completed", inst.error
+    got = variables(inst.main)
+    assert got["verdict"] == "v2" and got["total"] == 6
+    assert all(c["resolution"] is not None for c in inst.conflicts)
+
+
+def test_the_cli_takes_the_answer_and_still_refuses_a_key_of_no_activity(cli: Any, tmp_path: Path) -> None:
+    [path] = _process(tmp_path, "subProcess")
+    done = run_json(cli, "run", str(path), "--answer", "each/verdict=v1", code=0)
+    assert done["layers"]["L4"].get("verdict", done["layers"]["L3"].get("verdict")) == "v1", done["layers"]
+    refused = run_json(cli, "run", str(path), "--answer", "eahc/verdict=v1", code=2)
+    assert refused["error"]["kind"] == "invalid_answer" and "'eahc/verdict'" in refused["error"]["message"]
+    with pytest.raises(InvalidAnswer):
+        Engine().run(load_process(path), answers=_answers(judge__verdict="v1"))  # a task inside: no merge of its own
+
+
+# ----------------------------------------------------------------------------- 2. output collection + other keys
+
+
+def _collecting(tmp_path: Path, judge: str, config: str | None = None) -> Path:
+    loop = ('<bpmn:multiInstanceLoopCharacteristics isSequential="false">'
+            '<bpmn:loopDataInputRef>numbers</bpmn:loopDataInputRef><bpmn:loopDataOutputRef>outs</bpmn:loopDataOutputRef>'
+            '<bpmn:inputDataItem id="number" name="number"/><bpmn:outputDataItem id="result" name="result"/>'
+            '</bpmn:multiInstanceLoopCharacteristics>')
+    sub = (f'<bpmn:subProcess id="each">{loop}<bpmn:startEvent id="in_start"/>' + script_task("judge", judge)
+           + '<bpmn:endEvent id="in_end"/><bpmn:sequenceFlow id="in1" sourceRef="in_start" targetRef="judge"/>'
+           '<bpmn:sequenceFlow id="in2" sourceRef="judge" targetRef="in_end"/></bpmn:subProcess>')
+    path = tmp_path / "mi.bpmn"
+    path.write_text(chain_bpmn("mi", [script_task("init", "numbers = [1, 2, 3]\nchecked = 0\nverdict = 'none'"), sub]),
+                    encoding="utf-8")
+    if config is not None:
+        (tmp_path / "mi.layerflow.yaml").write_text(config, encoding="utf-8")
+    return path
+
+
+def test_keys_instances_write_beside_their_output_item_reach_the_activity_merged_as_at_a_join(tmp_path: Path) -> None:
+    path = _collecting(tmp_path, "result = number * 10\nchecked = checked + 1\nauditor = 'ann'\n"
+                                 "verdict = 'v%d' % number", config="each:\n  reducers: {checked: sum}\n")
+    engine = Engine()
+    inst = engine.run(engine.start(load_process(path)))
+    assert inst.status == "completed", inst.error
+    got = variables(inst.main)
+    assert got["outs"] == [10, 20, 30]
+    assert got["auditor"] == "ann" and got["checked"] == 3  # written alike; summed by the reducer
+    assert got["verdict"] == "v3"  # no settings for it: the last instance's, listed as a conflict
+    assert {c["key"] for c in inst.conflicts} == {"verdict"}
+    assert all(c["gateway_id"] == "each" and c["resolution"]["resolver"] == "strategy" for c in inst.conflicts)
+    assert "result" not in got and "number" not in got  # the items stay the instances' own
