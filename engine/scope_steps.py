@@ -522,9 +522,7 @@ class ScopeSteps:
                     task._set_state(TaskState.ERROR)  # so a resume runs the activity again (reset_failed)
                     raise err
                 else:
-                    # what else it changed comes back too, as Camunda and Zeebe propagate an instance's
-                    # variables to the scope around it (its items stay its own)
-                    self._bring_instance(task, multi, parent, scope, info, {item, out})
+                    self._note_kept_in_scope(mspec.bpmn_id, parent, scope, info, item, out)
                     task.data = {out: thaw(value)}
             else:
                 # no output collection: what the instance changed reaches the activity, met with what
@@ -556,6 +554,26 @@ class ScopeSteps:
         info["status"] = "joined"
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
+
+    @staticmethod
+    def _note_kept_in_scope(bpmn_id: str, parent: LayeredContext, scope: LayeredContext, info: Mapping[str, Any],
+                            item: str, out: str) -> None:
+        """An instance of a multi-instance activity with an output collection gives back its output
+        item only, as SpiffWorkflow collects it (Camunda and Zeebe would propagate its other variables
+        to the scope around it, the last instance's value winning): what else it changed stays in its
+        scope, and a ``kept_in_scope`` note on the activity's context names those keys, where they are
+        and why, rather than dropping them without a word."""
+        base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
+        keys = sorted(k for k, v in scope.resolved().items()
+                      if not k.startswith(RECORD_KEY_PREFIXES) and k not in (item, out) and k not in BRANCH_MARKERS
+                      and (k not in base or not json_equal(base[k], v)))
+        if keys:
+            parent.record("kept_in_scope", actor=bpmn_id, data={
+                "activity": bpmn_id, "instance": info.get("branch_id"), "context": scope.name, "keys": keys,
+                "reason": (f"multi-instance activity {bpmn_id!r} collects its instances' output item only "
+                           f"{out!r}, as SpiffWorkflow does: these keys its instance "
+                           f"changed stay in context {scope.name!r} (inspect --context); set them in the output item "
+                           "to bring them back, or drop loopDataOutputRef to merge every change as at a join")})
 
     def _bring_instance(self, task: Any, multi: Any, parent: LayeredContext, scope: LayeredContext,
                         info: Mapping[str, Any], own: set[str | None]) -> None:

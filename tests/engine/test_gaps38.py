@@ -105,16 +105,22 @@ def _collecting(tmp_path: Path, judge: str, config: str | None = None) -> Path:
     return path
 
 
-def test_keys_instances_write_beside_their_output_item_reach_the_activity_merged_as_at_a_join(tmp_path: Path) -> None:
-    path = _collecting(tmp_path, "result = number * 10\nchecked = checked + 1\nauditor = 'ann'\n"
-                                 "verdict = 'v%d' % number", config="each:\n  reducers: {checked: sum}\n")
+def test_keys_instances_write_beside_their_output_item_are_named_on_the_tape_not_dropped_silently(
+        tmp_path: Path) -> None:
+    """Decided: the output item alone comes back, as SpiffWorkflow collects it and as this engine has
+    always run (Camunda and Zeebe would propagate the rest, the last instance's value winning over
+    the others: the loss this engine's scopes avoid). What else an instance changed stays in its scope,
+    and the tape says so: before, nothing told the keys were left behind."""
+    path = _collecting(tmp_path, "result = number * 10\nchecked = checked + 1\nauditor = 'ann'")
     engine = Engine()
     inst = engine.run(engine.start(load_process(path)))
     assert inst.status == "completed", inst.error
     got = variables(inst.main)
-    assert got["outs"] == [10, 20, 30]
-    assert got["auditor"] == "ann" and got["checked"] == 3  # written alike; summed by the reducer
-    assert got["verdict"] == "v3"  # no settings for it: the last instance's, listed as a conflict
-    assert {c["key"] for c in inst.conflicts} == {"verdict"}
-    assert all(c["gateway_id"] == "each" and c["resolution"]["resolver"] == "strategy" for c in inst.conflicts)
-    assert "result" not in got and "number" not in got  # the items stay the instances' own
+    assert got["outs"] == [10, 20, 30] and got["checked"] == 0 and "auditor" not in got
+    notes = [e.data for e in inst.main.tape if e.data.get("note") == "kept_in_scope"]
+    assert [n["instance"] for n in notes] == ["each#1", "each#2", "each#3"], notes
+    for n in notes:
+        assert n["activity"] == "each" and n["keys"] == ["auditor", "checked"], n
+        assert variables(inst.contexts[n["context"]])["auditor"] == "ann"  # where they stay
+        for part in ("output item", "'result'", "SpiffWorkflow", "loopDataOutputRef", "inspect --context"):
+            assert part in n["reason"], (part, n["reason"])
