@@ -1447,7 +1447,23 @@ def unmatchable_confirmation_keys(target: Instance | Process, keys: Iterable[str
     process, known, _, settled = _answer_scope(target)
     joins = set(process.join_ids()) - settled
     return [key for key in keys if not (key == "*" or key in known or _MODEL_CONFIRMATION.fullmatch(key)
-                                        or "/" in key and key.partition("/")[0] in joins)]
+                                        or "/" in key and key.partition("/")[0] in joins
+                                        and not _misspelt_open_question(target, key))]
+
+
+def _misspelt_open_question(target: Instance | Process, key: str) -> bool:
+    """Whether ``GATEWAY/KEY`` names a join of ``target`` (an instance) that waits for its answers now,
+    with a ``KEY`` it never asked that is close to one it asks now: a typo. A join on a loop may ask
+    other keys in a later round, but while it waits this round asks nothing more, and a near miss of
+    an open question is a misspelling of it, as it is for a join on no loop (``check_confirmation_keys``
+    then names the key it meant)."""
+    if isinstance(target, Process):
+        return False
+    gateway, _, context_key = key.partition("/")
+    mine = [c for c in target.confirmations if c.get("gateway_id") == gateway and c.get("key") is not None]
+    opened = sorted({str(c["key"]) for c in mine if not c.get("answered")})
+    return bool(opened) and context_key not in {str(c["key"]) for c in mine} \
+        and bool(difflib.get_close_matches(context_key, opened, n=1, cutoff=0.6))
 
 
 def check_confirmation_keys(target: Instance | Process, keys: Iterable[str], *, source: str = "answers") -> None:

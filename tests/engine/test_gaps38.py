@@ -124,3 +124,38 @@ def test_keys_instances_write_beside_their_output_item_are_named_on_the_tape_not
         assert variables(inst.contexts[n["context"]])["auditor"] == "ann"  # where they stay
         for part in ("output item", "'result'", "SpiffWorkflow", "loopDataOutputRef", "inspect --context"):
             assert part in n["reason"], (part, n["reason"])
+
+
+# ----------------------------------------------------------------------------- 3/4. a join on a loop
+
+
+def _loop(tmp_path: Path) -> Path:
+    """test_known_gaps_21's loop: a parallel split whose branches set ``level`` differently, a join
+    that asks a person (``merge/level``), a review that may send the flow round again."""
+    from engine_helpers import flow, write_elements
+
+    path = write_elements(tmp_path, "loop", [
+        '<bpmn:startEvent id="start"/>', '<bpmn:parallelGateway id="split"/>',
+        script_task("a", 'level = "a%d" % rounds'), script_task("b", 'level = "b%d" % rounds'),
+        '<bpmn:parallelGateway id="merge"/>', '<bpmn:userTask id="review"/>', script_task("count", "rounds = rounds + 1"),
+        '<bpmn:exclusiveGateway id="again"/>', '<bpmn:endEvent id="end"/>', script_task("init", "rounds = 1"),
+        flow("start", "init"), flow("init", "split"), flow("split", "a"), flow("split", "b"), flow("a", "merge"),
+        flow("b", "merge"), flow("merge", "review"), flow("review", "count"), flow("count", "again"),
+        flow("again", "split", "redo == True"), flow("again", "end", "redo == False")])
+    (tmp_path / "loop.layerflow.yaml").write_text("merge:\n  humanConfirm: {timeout: 600}\n", encoding="utf-8")
+    return path
+
+
+def test_a_misspelt_key_of_a_join_on_a_loop_that_waits_is_refused_with_the_key_it_meant(
+        cli: Any, tmp_path: Path) -> None:
+    """A join on no loop that asked refuses ``merge/levle`` (exit 2, did you mean); one on a loop took
+    it as a question a later round might ask and left the instance waiting (exit 3) with a notice.
+    While the join waits, this round asks nothing more: a key close to one it asks now is a typo."""
+    started = run_json(cli, "run", str(_loop(tmp_path)), code=3)
+    assert [w["id"] for w in started["waiting_for"]] == ["merge/level"], started["waiting_for"]
+    typo = run_json(cli, "resume", started["instance_id"], "--answer", "merge/levle=a1", code=2)
+    assert typo["error"]["kind"] == "invalid_answer", typo["error"]
+    message = typo["error"]["message"]
+    assert "'merge/levle'" in message and "did you mean 'merge/level'" in message, message
+    # the right key still passes, and a key of no question near it stays a possible later question
+    run_json(cli, "resume", started["instance_id"], "--answer", "merge/other=1", "--answer", "merge/level=a1", code=3)
