@@ -900,13 +900,17 @@ class ScopeSteps:
         changes, kept, dropped = self._side_changes(name, parent)
         _bring_side(parent, branch, changes, dropped, branch_name=name, gateway=gw)
         if kept:
-            parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
             # listed with the run's conflicts too, settled by this rule: the flow the activity is on
             # keeps its value (the path ran beside it, from a copy); never only on the tape
             side, own = str(info.get("branch_id") or name), into
             reason = (f"the {what} {side!r} ran beside the flow and changed this key, and so did "
                       f"{own!r}; the value of {own!r} stays (a {what} never overwrites the flow it "
                       "left); its value is on the tape (side_conflict)")
+            # the note says whose value stayed and why, as the conflicts list does: a reader of the
+            # tape alone learns it there
+            parent.record("side_conflict", actor=gw, data={
+                "branch": name, "gateway_id": gw, "keys": [{**k, "kept_from": own, "dropped_from": side} for k in kept],
+                "reason": reason.replace("this key", "the keys listed")})
             self._set_conflicts(gw, [
                 {"gateway_id": gw, "layer": k["layer"], "key": k["key"],
                  "base_value": k["base"],

@@ -191,3 +191,26 @@ def test_each_round_of_a_join_on_a_loop_asks_under_its_own_id_and_an_answer_reac
                                         "user_tasks": {"review": {"redo": False}}})
     assert inst.status == "completed", inst.error
     assert variables(inst.main)["level"] == "b2"
+
+
+# ----------------------------------------------------------------------------- 5. side paths
+
+
+def test_a_side_paths_clash_says_on_the_tape_which_value_was_kept_and_why(tmp_path: Path) -> None:
+    """The ``side_conflict`` note listed the keys with both values, but not whose each was nor why the
+    flow's stayed: a reader of the tape alone (``layerflow tape --kind side_conflict``) could not tell."""
+    from test_conformance import _votes_reminded, run_ours
+
+    path = _votes_reminded(tmp_path, "votes_clash", "outcome = 'reminded'")
+    engine = Engine()
+    instance = run_ours(path, engine=engine)
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
+    instance = engine.send_event(instance, "nudge", {"who": "chair"})
+    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "no"})
+    assert instance.status == "completed", instance.error
+    [note] = [e.data for e in instance.main.tape if e.data.get("note") == "side_conflict"]
+    [key] = note["keys"]
+    assert (key["key"], key["kept"], key["dropped"]) == ("outcome", "counted 2", "reminded")
+    assert (key["kept_from"], key["dropped_from"]) == ("main", "nudge"), key
+    for part in ("boundary path 'nudge'", "'main'", "stays", "never overwrites the flow"):
+        assert part in note["reason"], (part, note["reason"])
