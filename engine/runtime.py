@@ -1944,7 +1944,7 @@ def definition_file_notices(instance: Instance) -> list[str]:
 def settled_answer(instance: Instance, key: str) -> dict[str, Any] | None:
     """The confirmation ``key`` (its id, or ``GATEWAY_ID/KEY``) names when it was answered (by a
     person, a model, an unattended run or its timeout) and no round of it is open now (a loop back
-    through the join asks again under the same id: an answer is for that round then)."""
+    through the join asks again, under ``GATEWAY_ID/KEY@N``: an answer by ``GATEWAY_ID/KEY`` is for that round then)."""
     if key == "*":
         return None
     named = [c for c in instance.confirmations if not c.get("cancelled")

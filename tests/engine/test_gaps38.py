@@ -86,6 +86,33 @@ def test_the_cli_takes_the_answer_and_still_refuses_a_key_of_no_activity(cli: An
         Engine().run(load_process(path), answers=_answers(judge__verdict="v1"))  # a task inside: no merge of its own
 
 
+def test_rest_start_and_resume_take_the_answer(tmp_path: Path) -> None:
+    """REST's ``answers`` went through the same check, which refused ``each/verdict`` (400)."""
+    import local_http
+
+    from engine.api import create_app
+
+    from governance_helpers import TOKEN, ServerThread
+
+    catalog = tmp_path / "catalog"
+    catalog.mkdir()
+    _process(catalog, "subProcess", config="each:\n  mergeStrategy: MERGE_WITH_CONFLICT_DETECT\n  reducers: {total: sum}\n")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with ServerThread(create_app(f"sqlite:///{tmp_path / 'rest.db'}", catalog, TOKEN)) as server:
+        started = local_http.post(server.url + "/api/instances", headers=auth, json={
+            "process_id": "mi", "answers": {"confirmations": {"each/verdict": "v1"}}})
+        assert started.status_code == 201, started.text
+        doc = started.json()
+        assert doc["status"] == "completed", doc
+        assert [c["resolution"]["resolver"] for c in doc["conflicts"]] == ["human", "human"], doc["conflicts"]
+        failed = local_http.post(server.url + "/api/instances", headers=auth, json={"process_id": "mi"}).json()
+        assert failed["status"] == "error" and failed["error"]["kind"] == "merge_conflict", failed
+        resumed = local_http.post(server.url + f"/api/instances/{failed['instance_id']}/resume", headers=auth,
+                                  json={"answers": {"confirmations": {"each/verdict": "v3"}}})
+        assert resumed.status_code == 200, resumed.text
+        assert resumed.json()["status"] == "completed" and resumed.json()["notices"] == [], resumed.json()
+
+
 # ----------------------------------------------------------------------------- 2. output collection + other keys
 
 
