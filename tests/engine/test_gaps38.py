@@ -226,14 +226,9 @@ def test_each_round_of_a_join_on_a_loop_asks_under_its_own_id_and_an_answer_reac
 def test_a_side_paths_clash_says_on_the_tape_which_value_was_kept_and_why(tmp_path: Path) -> None:
     """The ``side_conflict`` note listed the keys with both values, but not whose each was nor why the
     flow's stayed: a reader of the tape alone (``layerflow tape --kind side_conflict``) could not tell."""
-    from test_conformance import _votes_reminded, run_ours
+    from test_conformance import votes_clash
 
-    path = _votes_reminded(tmp_path, "votes_clash", "outcome = 'reminded'")
-    engine = Engine()
-    instance = run_ours(path, engine=engine)
-    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
-    instance = engine.send_event(instance, "nudge", {"who": "chair"})
-    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "no"})
+    instance = votes_clash(tmp_path)
     assert instance.status == "completed", instance.error
     [note] = [e.data for e in instance.main.tape if e.data.get("note") == "side_conflict"]
     [key] = note["keys"]
