@@ -557,7 +557,7 @@ class ScopeSteps:
 
     @staticmethod
     def _note_kept_in_scope(bpmn_id: str, parent: LayeredContext, scope: LayeredContext, info: Mapping[str, Any],
-                            item: str, out: str) -> None:
+                            item: str | None, out: str) -> None:
         """An instance of a multi-instance activity with an output collection gives back its output
         item only, as SpiffWorkflow collects it (Camunda and Zeebe would propagate its other variables
         to the scope around it, the last instance's value winning): what else it changed stays in its
