@@ -318,7 +318,9 @@ class LayeredContext:
             slot = self._state.layers[layer].get(key)
             if slot is not None:
                 return slot[2]
-        raise ContextKeyError(f"key {key!r} is in no layer")
+        err = ContextKeyError(f"key {key!r} is in no layer")
+        err.key = key  # an activity that read it is told where to give it (engine.runtime._activity_error)
+        raise err
 
     def get(self, key: str, default: Any = None) -> Any:
         return self._state.get(key, default)

@@ -132,6 +132,7 @@ class ContextValueError(LayerflowError, TypeError):
 
 class ContextKeyError(LayerflowError, KeyError):
     kind = "not_found"
+    key: str | None = None  # the context key read, when a read of one found it in no layer
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""

@@ -259,9 +259,11 @@ def _instance_document(instance: Instance) -> dict[str, Any]:
 
 
 def _fix_hint(instance: Instance, at: str) -> str | None:
-    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None."""
+    """How to go on from a failed activity (``at``: the ``--store`` the commands need), or None: for
+    every kind a step fails with (a layer rule's refusal, a model's error, ...), as the worker's log
+    says it; a join's conflict error says itself how to settle it (``--set`` there needs ``--context``)."""
     error = instance.error or {}
-    if instance.status != "error" or error.get("kind") != "activity_failed" or not error.get("task_id"):
+    if instance.status != "error" or error.get("kind") == "merge_conflict" or not error.get("task_id"):
         return None
     return (f"fix its cause, then `layerflow resume {instance.id}{at}` runs {error['task_id']} again "
             f"(`--set KEY=VALUE` writes a corrected value first; `layerflow tape {instance.id}{at} "
@@ -281,7 +283,9 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
                      "with --store sqlite:///FILE (or set LAYERFLOW_STORE) to continue it later")
     at = _store_hint(store)
     if instance.error and instance.status == "error":
-        lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {instance.error['message']}")
+        command = f"`layerflow resume {instance.id}"  # the commands the error names, with the store
+        message = str(instance.error["message"]).replace(command, command + at)
+        lines.append(f"  error [{instance.error['kind']}] at {instance.error.get('task_id')}: {message}")
         fix = _fix_hint(instance, at)
         if fix:
             lines.append(f"  {fix}")
@@ -724,10 +728,10 @@ def _run_process(bpmn: str | list[str], config: str | None, process_id: str | No
         try:
             # its data passed check_start_data; with answers, it is created once the run has taken them
             with engine.starting(process, data, instance_id=instance_id, answers=answers) as instance:
-                if not as_json:
-                    out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)}"
-                             + ("; saved once the run has taken the answers given" if instance.version == 0 else "")
-                             + ")")
+                # stderr, --json too: where the instance is kept is what a later resume or inspect needs
+                out.info(f"instance {instance.id} of {process.id} started (store {_store_name(store)}"
+                         + ("; saved once the run has taken the answers given" if instance.version == 0 else "")
+                         + ")")
                 instance = engine.run(instance, answers=answers, by=by,
                                       ask=_asker(out, yes, bool(answers_file or answer), instance.clock))
         except (InvalidAnswer, AnswerWriteDenied) as err:
@@ -1341,15 +1345,12 @@ def list_instances(status: str | None, process_id: str | None, limit: int | None
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
     waiting one whose timer or answer is being run from one that still waits; one whose entry is in
     the --stream's dead letters names its dead letter, as no worker will run it until it is requeued."""
-    from .governance import instance_rows
+    from .governance import instance_rows, mark_dead_letters
 
     engine = _existing_engine(store, None, as_json)
     rows = (instance_rows(engine.store, status, holders=True, process_id=process_id, limit=limit, offset=offset)
             if engine is not None else [])
-    letters = _dead_letter_ids(store, queue, stream) if rows else {}
-    for r in rows:  # only on the rows that have one: the others are GET /api/instances's rows as they are
-        if r["status"] in ("running", "waiting") and r["id"] in letters:
-            r["dead_letter"] = letters[r["id"]]
+    mark_dead_letters(rows, _dead_letter_ids(store, queue, stream) if rows else {})
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return
@@ -1366,12 +1367,10 @@ def _dead_letter_ids(store: str | None, queue: str | None, stream: str) -> dict[
     """Instance id -> the id of its latest dead letter of ``stream``. Read only when there is a queue to read:
     a Redis store, ``--queue`` or $LAYERFLOW_QUEUE; one that does not answer is named on stderr, and `list`
     lists the store all the same."""
-    import redis
-
-    from .worker import dead_letters, queue_client
+    from .worker import dead_letter_ids, has_queue, queue_client
 
     url = store or default_store_url()
-    if not (queue or os.environ.get("LAYERFLOW_QUEUE") or url.split("://", 1)[0] in ("redis", "rediss", "unix")):
+    if not has_queue(url, queue):
         return {}
     try:
         client = queue_client(url, queue)
@@ -1379,9 +1378,9 @@ def _dead_letter_ids(store: str | None, queue: str | None, stream: str) -> dict[
         click.echo(f"layerflow: dead letters not read: {err}", err=True)
         return {}
     try:
-        return {d.instance_id: d.id for d in dead_letters(client, stream)}
-    except redis.RedisError as err:
-        click.echo(f"layerflow: dead letters of {stream!r} not read: {type(err).__name__}: {err}", err=True)
+        return dead_letter_ids(client, stream)
+    except LayerflowError as err:
+        click.echo(f"layerflow: dead letters of {stream!r} not read: {err}", err=True)
         return {}
     finally:
         client.close()
@@ -1554,6 +1553,7 @@ def _attention_check(instance: Instance, report: dict[str, Any], activity: str |
                                                 else row["value"] > limit)
         row["fires"] = row["name"] in fired
     return {"activity_id": activity, "config": "activity" if cfg is not None else "defaults",
+            "compresses_after": bool(cfg is not None and cfg.compression_configured),
             "scope_tokens": rows[0]["value"], "min_attention_tokens": floor, "triggers": rows,
             "would_trigger": status["would_trigger"], "explain": status["explain"]}
 
@@ -1640,8 +1640,14 @@ def inspect(instance_id: str, context_name: str | None, prompts: bool, only_laye
     header = f"instance {instance.id} ({instance.process_id}) {instance.status}, context {ctx.name}"
     status_rows = [*_inspect_status_rows(instance, _store_hint(store)), *([["held_by", holder]] if holder else []),
                    ["definition", _definition_text(instance.process.definition())]]
-    against = (f"thresholds of {activity}" if check["config"] == "activity"
-               else "default thresholds" + (f" ({activity} has no config)" if activity else ""))
+    # the engine compresses after an activity only where its config asks for it
+    idle = "so no compression runs after it: `fires` is what a compress request would act on"
+    if check["config"] == "activity":
+        against = f"thresholds of {activity}" + ("" if check["compresses_after"] else
+                                                 f"; {activity} asks for none (no threshold, "
+                                                 f"attentionThresholds or compressRules), {idle}")
+    else:
+        against = "default thresholds" + (f" ({activity} has no config, {idle})" if activity else "")
     if out.tty:
         _inspect_rich(out, header, report, tables, check, against, compressions, prompt_doc, ctx, status_rows)
     else:
@@ -1654,8 +1660,10 @@ def _inspect_status_rows(instance: Instance, at: str) -> list[list[str]]:
     (``waiting``, kind, id, task, due), as `run` prints them (and ``held_by``, added by the caller)."""
     rows: list[list[str]] = []
     if instance.status == "error" and instance.error:
+        command = f"`layerflow resume {instance.id}"  # the commands the error names, with the store
+        message = str(instance.error.get("message")).replace(command, command + at)
         rows.append(["error", str(instance.error.get("kind")), str(instance.error.get("task_id") or "-"),
-                     terminal_text(str(instance.error.get("message")))])
+                     terminal_text(message)])
         fix = _fix_hint(instance, at)
         if fix:
             rows.append(["fix", fix])

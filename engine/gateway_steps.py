@@ -36,7 +36,7 @@ from context_layers.hooks import RedactSetting, redact_for_model
 from gateways import BranchOption, BranchQuestion, ContextSplitter, apply_join, ask_branch, is_natural_language, join_contexts
 from gateways.conditions import is_flow_sentence
 from gateways.join import MERGED_CONFLICTS_KEY, base_json, folded_before
-from gateways.policy import CONFLICT_CONFIRMATION, HumanRequest, unfit_option
+from gateways.policy import CONFLICT_CONFIRMATION, ESCALATE, HumanRequest, unfit_option
 from gateways.splitter import check_inject
 
 from . import spiff
@@ -78,8 +78,9 @@ def typed_option(options: Sequence[Mapping[str, Any]], value: Any) -> str | None
 def option_value(options: Sequence[Mapping[str, Any]], value: Any) -> Any:
     """The option value an accepted answer stands for: an option's value itself, else the value of
     the option whose label it is, else of the option whose value's JSON text it is (``"40"`` for 40,
-    ``true`` for the option "true"); anything else (``escalate``, an answer to a question with no
-    options) stays as given."""
+    ``true`` for the option "true"), else ``"$escalate"`` for the word ``escalate`` the CLI offers
+    for it (a shell expands ``"$escalate"`` to nothing); anything else (an answer to a question with
+    no options) stays as given."""
     if any(json_equal(value, o.get("value")) for o in options):
         return value
     typed = typed_option(options, value)
@@ -92,6 +93,8 @@ def option_value(options: Sequence[Mapping[str, Any]], value: Any) -> Any:
         for option in options:
             if value == json.dumps(option.get("value"), ensure_ascii=False):
                 return option.get("value")
+    if value == "escalate" and any(o.get("value") == ESCALATE for o in options):
+        return ESCALATE
     return value
 
 

@@ -1691,6 +1691,14 @@ def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> l
     return [key for key in keys if key not in ids]
 
 
+def has_user_task(instance: Instance, task_id: str) -> bool:
+    """Whether ``task_id`` names a user task of ``instance`` (a BPMN id of its process, a ``waiting_for``
+    id) or a task its workflow had: one it may wait for, have waited for, or wait for later. An id that
+    is none of these is not the instance's at all (REST answers 404, not 409)."""
+    return not unknown_user_task_keys(instance, [task_id]) or bool(_TASK_UUID.fullmatch(task_id)) and _had_task(
+        instance, task_id)
+
+
 def why_not_waiting(instance: Instance, task_id: str) -> str:
     """Why ``instance`` cannot take a person's answer posted to ``task_id`` that it does not wait for
     (``Engine.complete_user_task``, REST ``POST .../user-tasks/{task}``, both refused as a state):
@@ -1707,7 +1715,7 @@ def why_not_waiting(instance: Instance, task_id: str) -> str:
     if fired:
         return (f" (user task {task_id!r} was cancelled before it was answered: its boundary event {fired[0]!r} "
                 "fired first; the answer was not used)")
-    if not unknown_user_task_keys(instance, [task_id]) or _TASK_UUID.fullmatch(task_id) and _had_task(instance, task_id):
+    if has_user_task(instance, task_id):
         return ""
     process = instance.process
     tasks = process.user_task_ids()
@@ -2503,6 +2511,9 @@ class _Runtime(ScopeSteps, GatewaySteps):
         if not isinstance(err, LayerflowError):
             message = f"{type(err).__name__}: {message}"
             kind = "engine_error"
+        # a join's error is written where the instance is not known (gateways): its `layerflow resume ID`
+        # is this instance's, as a person pastes it
+        message = message.replace("`layerflow resume ID", f"`layerflow resume {inst.id}")
         inst.error = {"kind": kind, "message": message, "task_id": task_id}
         line = getattr(err, "line", None)
         if line is not None:
@@ -3382,7 +3393,8 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 return False
             where = spiff.bpmn_id_of(task)
             # a key a compression folded away was there: say which compression, not "give it a value"
-            hint = (_compressed_away(ctx, err) or _unanswered_field(task, err) or _name_hint(err, where)
+            hint = (_compressed_away(ctx, err) or _rolled_back(ctx, err) or _unanswered_field(task, err)
+                    or _unknown_name(err, ctx, task, where, "expression") or _name_hint(err, where)
                     or _dmn_type_hint(task, err, ctx))
             raise ActivityError(f"{_expression_kind(task, expression)} {expression.strip()!r}"
                                 f"{_flow_of(task, expression)} at {where!r} failed: {type(err).__name__}: {err}{hint}",
@@ -3664,6 +3676,32 @@ def _folded_hint(ctx: LayeredContext | None, name: str, others: Iterable[Layered
     return ""
 
 
+def _rolled_back(ctx: LayeredContext | None, err: BaseException) -> str:
+    """For a script's (or condition's) NameError on a key that a rollback took out of the context
+    (a restore since the key was last written, and no write or delete of it after): which rollback,
+    and what to do. The process did not go back with the context, so the step that wrote the key
+    (a message's catch, a person's answer) will not run again to write it."""
+    name = getattr(err, "name", None)
+    if not isinstance(err, NameError) or not isinstance(name, str) or ctx is None or ctx.get(name, ABSENT) is not ABSENT:
+        return ""
+    rolled = None
+    for e in reversed(list(ctx.tape)):
+        if e.kind == "restore":
+            rolled = rolled or e  # the latest one: the context holds what its snapshot held since
+            continue
+        values = [value for _, key, value in e.changes if key == name]
+        if not values:
+            continue
+        if rolled is None or all(value is DELETED for value in values):
+            return ""
+        by = f" by {e.activity!r}" if e.activity else ""
+        return (f"; {name!r} was written{by} (event {e.seq}) and taken out of context {ctx.name!r} by the rollback "
+                f"to snapshot {(rolled.data or {}).get('snapshot_id')!r} (event {rolled.seq}); the process did not go "
+                f"back with it, so no step writes {name!r} again: give it back with `layerflow resume ID --set "
+                f"{name}=VALUE` (REST: inject), or roll back to a snapshot taken after event {e.seq}")
+    return ""
+
+
 def _misspelt_preserved(ctx: LayeredContext, name: str) -> str:
     """A preserved key that no layer holds and that reads like ``name``: the preserveKeys entry the
     process meant for it, misspelt (the advice to preserve ``name`` alone reads as already done)."""
@@ -3715,13 +3753,37 @@ def _unset_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_
     return f"{declared}{_name_hint(err, bpmn_id)}" if declared else ""
 
 
-def _unknown_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_id: str) -> str:
-    """Any other name a script reads and the context does not hold: a typo as often as a missing
-    key, so the hint says both, and names the person's answer that came last when its user task
-    has no form to ask for the key."""
+def _unknown_name(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_id: str,
+                  source: str = "script") -> str:
+    """Any other name a script (or a condition: ``source``) reads and the context does not hold: a
+    typo as often as a missing key, so the hint says both (with a key the context holds that reads
+    like it), and names the person's answer that came last when its user task has no form to ask
+    for the key."""
     if not isinstance(err, NameError) or not err.name or ctx is None or err.name in ctx:
         return ""
-    return f"{_name_hint(err, bpmn_id, 'script')}{_formless_answer(task, err)}"
+    if err.name in FOREIGN_LITERALS:
+        return _name_hint(err, bpmn_id, source)
+    return f"{_name_hint(err, bpmn_id, source)}{_near_key(ctx, err.name)}{_formless_answer(task, err.name)}"
+
+
+def _unread_key(err: BaseException, ctx: LayeredContext | None, task: Any, bpmn_id: str) -> str:
+    """For a handler's ``ctx[KEY]`` on a key no layer holds (``ContextKeyError`` naming it): where to
+    give it, as for a script's NameError, and how to read a key the step may go without."""
+    key = getattr(err, "key", None)
+    if not isinstance(err, ContextKeyError) or not isinstance(key, str) or ctx is None or key in ctx:
+        return ""
+    return (f"; the context holds no key {key!r} here: give {key!r} a value before {bpmn_id!r} (the start data "
+            f"or an earlier task's output), or correct the handler (ctx.get({key!r}) reads a key it may go "
+            f"without){_near_key(ctx, key)}{_formless_answer(task, key)}")
+
+
+def _near_key(ctx: LayeredContext, name: str) -> str:
+    """A data key the context holds that reads like ``name``: the key as misspelt where it was written
+    (a person's answer ``desicion`` read as ``decision``)."""
+    held = [k for k in ctx.keys() if k != name and not is_engine_key(k)]
+    close = difflib.get_close_matches(name, held, n=1, cutoff=0.75)
+    return (f"; the context holds {close[0]!r}, which reads like it: was {name!r} written under that name?"
+            if close else "")
 
 
 def _engine_version_conflict(err: VersionConflict, instance_id: str) -> VersionConflict:
@@ -3734,9 +3796,9 @@ def _engine_version_conflict(err: VersionConflict, instance_id: str) -> VersionC
     return out
 
 
-def _formless_answer(task: Any, err: NameError) -> str:
+def _formless_answer(task: Any, name: str) -> str:
     """The user task answered last before ``task``, when it has no form (nothing asked the person
-    for the name a script could not read, and its answer did not give it)."""
+    for the key ``name`` a step could not read, and its answer did not give it)."""
     done = [t for t in task.workflow.get_tasks() if t.state == TaskState.COMPLETED
             and isinstance(t.task_spec, UserTaskMixin)] if task is not None else []
     if not done:
@@ -3745,7 +3807,7 @@ def _formless_answer(task: Any, err: NameError) -> str:
     if (getattr(last.task_spec, "extensions", None) or {}).get("form"):
         return ""  # a form that asks for it is named by _unanswered_field
     return (f"; if a person gives it, the answer to user task {spiff.bpmn_id_of(last)!r} (which has no form "
-            f"asking for it) set no {err.name!r}: answer it there, or inject it and resume")
+            f"asking for it) set no {name!r}: answer it there, or inject it and resume")
 
 
 def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None = None,
@@ -3768,15 +3830,18 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
     mapped = ((getattr(task.task_spec, "extensions", None) or {}).get(spiff.MAPPED_KEY) or {}) if task is not None else {}
     by = (f"; {err.key!r} is set by {mapped[err.key]} of {bpmn_id!r}"
           if isinstance(err, ContextWriteDenied) and err.key in mapped else "")
-    away = _compressed_away(ctx, err, others)
+    away = _compressed_away(ctx, err, others) or _rolled_back(ctx, err)
     unset = ""
     if where == "script" and not away:
         # a form field the person (or the start data) left out names its form, as for a condition
         unset = (_unset_name(err, ctx, task, bpmn_id) or (_unanswered_field(task, err) if task is not None else "")
                  or _unknown_name(err, ctx, task, bpmn_id))
-    message = f"activity {bpmn_id!r} failed{at}: {what}{by}{away}{unset}{_start_data(ctx, err, others)}"
+    unread = "" if where else _unread_key(err, ctx, task, bpmn_id)
+    message = f"activity {bpmn_id!r} failed{at}: {what}{by}{away}{unset}{unread}{_start_data(ctx, err, others)}"
     out = ActivityError(message, task_id=bpmn_id, line=line)
-    if isinstance(err, LayerflowError):
+    if isinstance(err, LayerflowError) and not unread:
+        # (a key the step read and the context lacks is the activity's failure, as a script's NameError
+        # is: not ``not_found``, which a client reads as an instance or resource it named)
         out.kind = err.kind
     return out
 

@@ -722,7 +722,7 @@ def resolve_conflicts(
             todo += (f" branchPriority {list(config.branch_priority)} is set but mergeStrategy is "
                      f"{config.merge_strategy}: write mergeStrategy: BRANCH_PRIORITY to let it decide.")
         if escalated:
-            todo += (" " if todo else "") + f"{ESCALATION_IS_FINAL} (layerflow resume ID)."
+            todo += (" " if todo else "") + f"{ESCALATION_IS_FINAL} (`layerflow resume ID`)."
             # without a server (the CLI on a sqlite file), a branch's own value corrected so the branches
             # agree settles it too: the join merges its branches again
             key = escalated[0].key if len({c.key for c in escalated}) == 1 else "KEY"

@@ -446,7 +446,8 @@ def test_incident_and_purchase_order_through_rest(tmp_path: Path) -> None:
         po = http.post(f"{api}/instances", headers=headers, json={"process_id": "purchase_order", "data": REQUEST}).json()
         pid = po["instance_id"]
         typo = http.post(f"{api}/instances/{pid}/user-tasks/legal_reveiw", headers=headers, json={"data": {}})
-        assert typo.status_code == 409 and "legal_review" in typo.json()["error"]["message"]
+        # a task id the process lacks is a wrong address (404, naming the likely task), no state (409)
+        assert typo.status_code == 404 and "legal_review" in typo.json()["error"]["message"]
         done = http.post(f"{api}/instances/{pid}/user-tasks/legal_review", headers=headers,
                          json={"data": json.loads(LEGAL), "user": "lena"}).json()
         assert [w["id"] for w in done["waiting_for"]] == ["reviews_join/po_status"]
@@ -515,8 +516,16 @@ def test_an_escalated_join_tells_a_cli_user_how_to_settle_it_from_the_cli(store:
     assert code == 1 and doc["error"]["kind"] == "merge_conflict", (doc, err)
     message = doc["error"]["message"]
     assert "POST /api/context-governance/config" in message
-    assert ("layerflow resume ID --set po_status=VALUE --context BRANCH_ID` (the branches: legal_review, "
-            "finance_review)") in message, message
+    # the id is the instance's, as a person pastes it (it read `resume ID`); the plain output adds the store
+    assert (f"layerflow resume {iid} --set po_status=VALUE --context BRANCH_ID` (the branches: "
+            "legal_review, finance_review)") in message, message
+    assert f"(`layerflow resume {iid}`)" in message, message
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    shown = CliRunner(env={"LAYERFLOW_STORE": None}).invoke(main, ["inspect", iid, "--store", store])
+    assert f"`layerflow resume {iid} --store {store} --set po_status=VALUE" in " ".join(shown.stdout.split()), shown.stdout
     code, doc, err = cli("resume", iid, "--store", store, "--set", "po_status=rejected", "--context", "finance_review")
     assert code == 3 and doc["error"] is None and doc["layers"]["L3"]["po_status"] == "rejected", (doc, err)
 

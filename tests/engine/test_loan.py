@@ -102,6 +102,19 @@ def test_escalation_fails_the_instance_naming_the_key(process) -> None:
     assert "An escalation is final" in instance.error["message"]
 
 
+def test_the_word_escalate_is_recorded_as_the_option_it_picks(process) -> None:
+    # The CLI offers the word `escalate` for the option "$escalate" (a shell expands "$escalate" to
+    # nothing); the answer was recorded as the word, so the confirmation and the tape said "escalate"
+    # where REST's answer of the same option said "$escalate".
+    engine = Engine()
+    instance = engine.run(engine.start(process, LOAN_CONFLICT))
+    instance = engine.answer_confirmation(instance, "review_join/approval_status", "escalate")
+    (entry,) = [c for c in instance.confirmations if c["id"] == "review_join/approval_status"]
+    assert entry["answer"] == "$escalate"
+    (decision,) = [e.data for e in instance.main.tape if e.data.get("note") == "human_decision"]
+    assert decision["value"] == "$escalate"
+
+
 def test_an_escalated_conflict_is_settled_by_the_rule_an_administrator_adds(process) -> None:
     # The error named "Add a conflictPolicy rule" as a way out, but the person's "$escalate"
     # was consulted first on every resume, so no rule could ever settle the conflict.
