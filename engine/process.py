@@ -105,11 +105,12 @@ class Process:
     def join_ids(self) -> list[str]:
         """The ids of the joins that may ask a person about a conflict (``GATEWAY_ID/KEY`` answers
         name them): the joining gateways of the process and of its sub-processes and called
-        processes, and the implicit join each of them ends in (``<process>.EndJoin``)."""
+        processes, the implicit join each of them ends in (``<process>.EndJoin``), and each parallel
+        multi-instance sub-process or call activity, where its instances meet as branches."""
         ids: dict[str, None] = {}
         for s in [self.spec, *self.subprocess_specs.values()]:
             for ts in s.task_specs.values():
-                if spiff.is_join(ts):
+                if spiff.is_join(ts) or spiff.merges_instances(ts):
                     ids.setdefault(spiff.spec_bpmn_id(ts), None)
         return sorted(ids, key=lambda i: i.endswith(".EndJoin"))  # the drawn gateways first
 

@@ -78,6 +78,7 @@ from context_layers.stores import StoreUnavailable
 
 from . import collaboration, dmn, events, forms, spiff
 from gateways.conditions import FOREIGN_LITERALS
+from gateways.conflicts import jsonable
 from gateways.join import MERGED_CONFLICTS_KEY
 from gateways.policy import ESCALATE, MODEL_NOT_ASKED, SETTLE_FAILED_JOIN
 
@@ -105,7 +106,8 @@ def confirmation_item(confirmation: Mapping[str, Any]) -> dict[str, Any]:
     (its own ``context``): of several lines of a multi-instance, or firings of one join, asking at
     once under one ``task_id`` and ``key``, the line each question belongs to."""
     return {"kind": "confirmation", "id": confirmation["id"], "task_id": confirmation["task_id"],
-            "key": confirmation.get("key"), "context": str(confirmation.get("context") or MAIN)}
+            "key": confirmation.get("key"), "context": str(confirmation.get("context") or MAIN),
+            **({"round": confirmation["round"]} if confirmation.get("round") else {})}
 
 
 @dataclass(frozen=True)
@@ -588,6 +590,8 @@ class Engine:
         # answers for user tasks done before this run: used only if one comes back (a loop)
         passed = passed_user_tasks(instance, (answers or {}).get("user_tasks") or {})
         used: set[str] = set()  # the waiting ids and BPMN ids of the user tasks answered
+        rt.advance_answers = {str(k): v for k, v in ((answers or {}).get("confirmations") or {}).items()}
+        rt.advance_taken, rt.advance_missed = set(), {}
         try:
             while True:
                 rt.step()
@@ -627,7 +631,10 @@ class Engine:
         # the tasks that waited as the run began are named above (or were used): the rest were never reached
         named = {str(w[k]) for w in answered_for for k in ("id", "task_id")}
         instance.notices.extend(unreached_answer_notices(instance, answers, used | set(passed) | named))
-        instance.notices.extend(unused_confirmation_notices(instance, answers, star_taken="*" in used))
+        instance.notices.extend(unused_confirmation_notices(
+            instance, _without(answers, rt.advance_taken | set(rt.advance_missed)), star_taken="*" in used))
+        instance.notices.extend(unmet_instance_answers(rt.advance_answers, rt.advance_missed, rt.advance_taken))
+        rt.advance_answers, rt.advance_taken, rt.advance_missed = {}, set(), {}
         if rt.change_mark() != mark:  # a resume that finds nothing to do writes nothing (no new version)
             self._save(instance)
         return instance
@@ -1191,8 +1198,10 @@ class Engine:
                 try:
                     _check_given_answer(rt, item["id"], value)
                 except InvalidAnswer:
-                    if not any(c["id"] == item["id"] and c.get("answered") and _same_answer(c, value)
-                               for c in instance.confirmations):
+                    asked = {str(c.get("request_id") or c["id"]) for c in instance.confirmations if c["id"] == item["id"]}
+                    # (an earlier round asked under GATEWAY/KEY, a later one under GATEWAY/KEY@N)
+                    if not any(str(c.get("request_id") or c["id"]) in asked and c.get("answered")
+                               and _same_answer(c, value) for c in instance.confirmations):
                         raise
                     # the answer was taken by an earlier round of this step (a loop back through the
                     # join); this round offers other options, so it waits for its own answer
@@ -1441,7 +1450,23 @@ def unmatchable_confirmation_keys(target: Instance | Process, keys: Iterable[str
     process, known, _, settled = _answer_scope(target)
     joins = set(process.join_ids()) - settled
     return [key for key in keys if not (key == "*" or key in known or _MODEL_CONFIRMATION.fullmatch(key)
-                                        or "/" in key and key.partition("/")[0] in joins)]
+                                        or "/" in key and key.partition("/")[0] in joins
+                                        and not _misspelt_open_question(target, key))]
+
+
+def _misspelt_open_question(target: Instance | Process, key: str) -> bool:
+    """Whether ``GATEWAY/KEY`` names a join of ``target`` (an instance) that waits for its answers now,
+    with a ``KEY`` it never asked that is close to one it asks now: a typo. A join on a loop may ask
+    other keys in a later round, but while it waits this round asks nothing more, and a near miss of
+    an open question is a misspelling of it, as it is for a join on no loop (``check_confirmation_keys``
+    then names the key it meant)."""
+    if isinstance(target, Process):
+        return False
+    gateway, _, context_key = key.partition("/")
+    mine = [c for c in target.confirmations if c.get("gateway_id") == gateway and c.get("key") is not None]
+    opened = sorted({str(c["key"]) for c in mine if not c.get("answered")})
+    return bool(opened) and context_key not in {str(c["key"]) for c in mine} \
+        and bool(difflib.get_close_matches(context_key, opened, n=1, cutoff=0.6))
 
 
 def check_confirmation_keys(target: Instance | Process, keys: Iterable[str], *, source: str = "answers") -> None:
@@ -1561,6 +1586,30 @@ def unreached_answer_notices(instance: Instance, answers: Mapping[str, Any] | No
             f"only by the run or resume it is given to, not kept for a later one: give it again to the `resume` "
             f"that reaches the task (REST: the resume request, or POST .../user-tasks/{key} once it waits)"
             for key in map(str, tasks) if key in ids and key not in settled and key not in waiting]
+
+
+def _without(answers: Mapping[str, Any] | None, keys: set[str]) -> Mapping[str, Any] | None:
+    """``answers`` without the confirmation answers ``keys`` names."""
+    if not keys or not answers:
+        return answers
+    return {**answers, "confirmations": {k: v for k, v in (answers.get("confirmations") or {}).items()
+                                         if k not in keys}}
+
+
+def unmet_instance_answers(answers: Mapping[str, Any], missed: Mapping[str, list[Any]], taken: set[str]) -> list[str]:
+    """A notice for each answer ``ACTIVITY/KEY`` to a multi-instance activity's instances that no
+    meeting of theirs on the key took: none of them brought the value (``_answer_awaited``)."""
+    notices = []
+    for key, values in missed.items():
+        if key in taken:
+            continue
+        activity, _, context_key = key.partition("/")
+        met = ", ".join(dict.fromkeys(json.dumps(jsonable(v), ensure_ascii=False) for v in values))
+        notices.append(f"answer {key!r} was not used: the instances of multi-instance activity {activity!r} that met on "
+                       f"{context_key!r} brought {met}, not {json.dumps(jsonable(answers[key]), ensure_ascii=False)}; "
+                       "the key keeps the value of the instance that ended last (see its conflicts). Answer with one "
+                       "of the values they brought")
+    return notices
 
 
 def unused_confirmation_notices(instance: Instance, answers: Mapping[str, Any] | None, *,
@@ -1905,7 +1954,7 @@ def definition_file_notices(instance: Instance) -> list[str]:
 def settled_answer(instance: Instance, key: str) -> dict[str, Any] | None:
     """The confirmation ``key`` (its id, or ``GATEWAY_ID/KEY``) names when it was answered (by a
     person, a model, an unattended run or its timeout) and no round of it is open now (a loop back
-    through the join asks again under the same id: an answer is for that round then)."""
+    through the join asks again, under ``GATEWAY_ID/KEY@N``: an answer by ``GATEWAY_ID/KEY`` is for that round then)."""
     if key == "*":
         return None
     named = [c for c in instance.confirmations if not c.get("cancelled")
@@ -2211,6 +2260,11 @@ class _Runtime(ScopeSteps, GatewaySteps):
         self.user_data: dict[str, dict[str, Any]] = {}
         # confirmation id -> {"value", "resolver"}: answers waiting for their join to re-run
         self.answers: dict[str, dict[str, Any]] = {}
+        # the confirmation answers the run or resume under way was given: a multi-instance activity's
+        # instances meet mid-activity, where nobody can be asked, and take theirs from here
+        self.advance_answers: dict[str, Any] = {}
+        self.advance_taken: set[str] = set()
+        self.advance_missed: dict[str, list[Any]] = {}
         self._handler_cache: dict[str, Handler | None] = {}
         # gateway task id -> {expression text: verdict} for the XOR being decided (see decide_exclusive)
         self._xor: dict[str, dict[str, bool]] = {}

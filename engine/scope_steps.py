@@ -28,9 +28,10 @@ from context_layers.canonical import canonical_key
 from context_layers.config import ActivityExtensionConfig
 from context_layers.context import BRANCH_MARKERS, RECORD_PREFIXES, Snapshot
 from context_layers.errors import ActivityError, ContextWriteDenied, MergeConflictError
-from gateways import (MergedConflict, Resolution, ResolutionOutcome, ResolutionStep, reduce_values,
-                      resolve_conflicts)
+from gateways import (InvalidAnswerError, MergedConflict, Resolution, ResolutionOutcome, ResolutionStep,
+                      build_human_request, reduce_values, resolve_conflicts)
 from gateways.conflicts import jsonable
+from gateways.policy import match_answer
 from gateways.join import (MERGED_CONFLICTS_KEY, base_json, free_record_key, side_counters_told, single_counts,
                            single_summaries, written_layer)
 from gateways.splitter import ContextSplitter, branch_context_name
@@ -56,15 +57,28 @@ def _settles_instances(cfg: ActivityExtensionConfig) -> bool:
             or cfg.human_confirm is not None)
 
 
-def _last_instance_kept(bpmn_id: str, branch_id: str, conflicts: Sequence[MergedConflict]) -> ResolutionOutcome:
+def _last_instance_kept(bpmn_id: str, branch_id: str, conflicts: Sequence[MergedConflict],
+                        reason: str | None = None) -> ResolutionOutcome:
     """With no merge settings and no model, a multi-instance activity keeps the value of the instance
     that ended last, as SpiffWorkflow merges its instances, and says so: every such conflict is listed
-    (``conflicts``, ``_mergedConflicts``, the tape) with this reason, never taken silently."""
-    reason = (f"no merge settings on multi-instance activity {bpmn_id!r}: instance {branch_id!r} ended last and "
-              "its value is kept, as SpiffWorkflow merges instances; give the activity a mergeStrategy "
-              "(FAIL_ON_CONFLICT to stop here), reducers or a conflictPolicy to decide otherwise")
+    (``conflicts``, ``_mergedConflicts``, the tape) with this reason (or ``reason``), never taken silently."""
+    reason = reason or (f"no merge settings on multi-instance activity {bpmn_id!r}: instance {branch_id!r} ended last "
+                        "and its value is kept, as SpiffWorkflow merges instances; give the activity a mergeStrategy "
+                        "(FAIL_ON_CONFLICT to stop here), reducers or a conflictPolicy to decide otherwise, or "
+                        f"answer it in advance (--answer {bpmn_id}/KEY=VALUE)")
     pairs = [(c, Resolution(c.conflicting_values[branch_id], "strategy", reason)) for c in conflicts]
     return ResolutionOutcome(pairs, [], [ResolutionStep(c.key, "strategy", "resolved", reason) for c in conflicts])
+
+
+def _answer_awaited(bpmn_id: str, branch_id: str, conflict: MergedConflict, answer: Any) -> ResolutionOutcome:
+    """A meeting of two instances on a key answered in advance with a value neither brought: the
+    instance that ended last holds the key until an instance that brings the answer meets it (the
+    instances meet two at a time, as each ends; the answer may be a later one's value)."""
+    met = ", ".join(f"{b} {json.dumps(jsonable(v))}" for b, v in conflict.conflicting_values.items())
+    reason = (f"the answer {json.dumps(jsonable(answer))} for {bpmn_id}/{conflict.key} is none of the values that met "
+              f"here ({met}): instance {branch_id!r}, which ended last, holds the key until an instance that "
+              "brings the answer meets it")
+    return _last_instance_kept(bpmn_id, branch_id, [conflict], reason)
 
 
 def _json_safe(value: Any) -> Any:
@@ -207,6 +221,11 @@ class ScopeSteps:
     process: Process
 
     _caught_starts: list[Any]  # start events to run next (``start_caught``)
+    # the confirmation answers of the run under way (``Engine._run``); of those keyed ACTIVITY/KEY for a
+    # multi-instance activity's instances: the ones an answer settled, and the values met where it fit none
+    advance_answers: dict[str, Any]
+    advance_taken: set[str]
+    advance_missed: dict[str, list[Any]]
 
     if TYPE_CHECKING:  # the rest of the driver: engine.runtime._Runtime and engine.gateway_steps.GatewaySteps
         @property
@@ -503,20 +522,12 @@ class ScopeSteps:
                     task._set_state(TaskState.ERROR)  # so a resume runs the activity again (reset_failed)
                     raise err
                 else:
+                    self._note_kept_in_scope(mspec.bpmn_id, parent, scope, info, item, out)
                     task.data = {out: thaw(value)}
             else:
                 # no output collection: what the instance changed reaches the activity, met with what
                 # the instances that ended before it brought (``_merge_instance``)
-                base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
-                changed = {k: thaw(v) for k, v in scope.resolved().items()
-                           if not k.startswith(RECORD_KEY_PREFIXES) and k != item
-                           and (k not in base or not json_equal(base[k], v))}
-                try:
-                    self._merge_instance(multi, parent, str(info["branch_id"]), base, changed)
-                except MergeConflictError as err:
-                    self.abort_multi(multi, err)
-                    task._set_state(TaskState.ERROR)  # so a resume runs the activity again (reset_failed)
-                    raise
+                self._bring_instance(task, multi, parent, scope, info, {item})
                 task.data = {}
         else:
             if spiff.interrupted(task) and not call_mappings.scoped(task.task_spec):
@@ -552,6 +563,42 @@ class ScopeSteps:
         info["join"] = bpmn_id
         scope.record("joined", actor=bpmn_id, data={"gateway_id": bpmn_id, "into": info["parent"]})
 
+    @staticmethod
+    def _note_kept_in_scope(bpmn_id: str, parent: LayeredContext, scope: LayeredContext, info: Mapping[str, Any],
+                            item: str | None, out: str) -> None:
+        """An instance of a multi-instance activity with an output collection gives back its output
+        item only, as SpiffWorkflow collects it (Camunda and Zeebe would propagate its other variables
+        to the scope around it, the last instance's value winning): what else it changed stays in its
+        scope, and a ``kept_in_scope`` note on the activity's context names those keys, where they are
+        and why, rather than dropping them without a word."""
+        base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
+        keys = sorted(k for k, v in scope.resolved().items()
+                      if not k.startswith(RECORD_KEY_PREFIXES) and k not in (item, out) and k not in BRANCH_MARKERS
+                      and (k not in base or not json_equal(base[k], v)))
+        if keys:
+            parent.record("kept_in_scope", actor=bpmn_id, data={
+                "activity": bpmn_id, "instance": info.get("branch_id"), "context": scope.name, "keys": keys,
+                "reason": (f"multi-instance activity {bpmn_id!r} collects its instances' output item only "
+                           f"{out!r}, as SpiffWorkflow does: these keys its instance "
+                           f"changed stay in context {scope.name!r} (inspect --context); set them in the output item "
+                           "to bring them back, or drop loopDataOutputRef to merge every change as at a join")})
+
+    def _bring_instance(self, task: Any, multi: Any, parent: LayeredContext, scope: LayeredContext,
+                        info: Mapping[str, Any], own: set[str | None]) -> None:
+        """What the instance ``task`` of ``multi`` changed in its ``scope`` (but its ``own`` items)
+        into the activity's context ``parent`` (``_merge_instance``); a conflict nothing settles fails
+        the activity, and a resume runs it again."""
+        base = _snapshot_values(parent.get_snapshot(info["snapshot_id"]))
+        changed = {k: thaw(v) for k, v in scope.resolved().items()
+                   if not k.startswith(RECORD_KEY_PREFIXES) and k not in own
+                   and (k not in base or not json_equal(base[k], v))}
+        try:
+            self._merge_instance(multi, parent, str(info["branch_id"]), base, changed)
+        except MergeConflictError as err:
+            self.abort_multi(multi, err)
+            task._set_state(TaskState.ERROR)  # so a resume runs the activity again (reset_failed)
+            raise
+
     def _merge_instance(self, multi: Any, parent: LayeredContext, branch_id: str, base: Mapping[str, Any],
                         changed: Mapping[str, Any]) -> None:
         """Bring what an instance of multi-instance activity ``multi`` (a sub-process or call
@@ -585,14 +632,22 @@ class ScopeSteps:
                                             {other: thaw(now), branch_id: value}, layer=Layer.WORKING))
         if conflicts:
             arbiter = self.engine.arbiter_for(self.process, cfg.llm)
+            answered, awaited, rest = self._answered_meetings(bpmn_id, cfg, conflicts)
             try:
-                if arbiter is None and not _settles_instances(cfg):
-                    outcome = _last_instance_kept(bpmn_id, branch_id, conflicts)
-                else:
-                    with self._noting_calls(arbiter, parent, bpmn_id, "conflict_resolution"):
-                        outcome = resolve_conflicts(conflicts, config=cfg, variables=parent.resolved(),
-                                                    gateway_id=bpmn_id, arbiter=arbiter,
-                                                    arrival_order=[b for c in conflicts for b in c.conflicting_values])
+                outcomes = [_answer_awaited(bpmn_id, branch_id, c, self.advance_answers[f"{bpmn_id}/{c.key}"])
+                            for c in awaited]
+                if rest and arbiter is None and not _settles_instances(cfg):
+                    outcomes.append(_last_instance_kept(bpmn_id, branch_id, rest))
+                    rest = []
+                for group, answers in ((answered, {f"{bpmn_id}/{c.key}": self.advance_answers[f"{bpmn_id}/{c.key}"]
+                                                   for c in answered}), (rest, {})):
+                    if group:
+                        with self._noting_calls(arbiter, parent, bpmn_id, "conflict_resolution"):
+                            outcomes.append(resolve_conflicts(
+                                group, config=cfg, variables=parent.resolved(), gateway_id=bpmn_id, arbiter=arbiter,
+                                answers=answers, arrival_order=[b for c in group for b in c.conflicting_values]))
+                outcome = ResolutionOutcome([p for o in outcomes for p in o.resolved], [],
+                                            [st for o in outcomes for st in o.steps])
             except MergeConflictError as err:
                 self._note_instance_conflicts(parent, bpmn_id, [(c, None) for c in conflicts], [])
                 listed = "; ".join(f"{c.key!r}: " + ", ".join(f"{b} {_plain(v)!r}" for b, v in
@@ -603,17 +658,43 @@ class ScopeSteps:
                     "runs in a scope of its own, as a parallel branch does, so the last one's value is never "
                     f"taken silently: give {bpmn_id!r} a mergeStrategy (LAST_WRITER_WINS, BRANCH_PRIORITY with "
                     f"branchPriority over {bpmn_id}#1, {bpmn_id}#2, ...), reducers for the key(s) or a conflictPolicy "
-                    "rule in its config, or collect what each instance decides in its output item "
+                    f"rule in its config, answer it as a join's conflict (--answer {bpmn_id}/KEY=VALUE, given to the "
+                    "resume that runs the activity again), or collect what each instance decides in its output item "
                     "(loopDataOutputRef and outputDataItem)", conflicts=err.conflicts, gateway_id=bpmn_id)
                 failed.task_id = bpmn_id  # type: ignore[attr-defined]  # the instance's error names the activity
                 raise failed from err
             for conflict, resolution in outcome.resolved:
+                if resolution.resolver == "human":
+                    self.advance_taken.add(f"{bpmn_id}/{conflict.key}")
                 writes[conflict.key] = resolution.value
                 owners[conflict.key] = next((b for b, v in conflict.conflicting_values.items()
                                              if json_equal(v, resolution.value)), bpmn_id)
             self._note_instance_conflicts(parent, bpmn_id, outcome.resolved, outcome.steps)
         for key, value in writes.items():
             parent.write(Layer.WORKING, key, value, actor=bpmn_id)
+
+    def _answered_meetings(self, bpmn_id: str, cfg: ActivityExtensionConfig, conflicts: Sequence[MergedConflict]
+                           ) -> tuple[list[MergedConflict], list[MergedConflict], list[MergedConflict]]:
+        """``conflicts`` of multi-instance activity ``bpmn_id``'s instances in three: those an answer
+        given to this run (``ACTIVITY/KEY``, as for a join) picks an option of, those it was given for
+        but that offer no such option (``_answer_awaited``), the rest. A strategy other than
+        ``MERGE_WITH_CONFLICT_DETECT`` asks nobody, as at a join: all are the rest then."""
+        answered: list[MergedConflict] = []
+        awaited: list[MergedConflict] = []
+        rest: list[MergedConflict] = []
+        for c in conflicts:
+            key = f"{bpmn_id}/{c.key}"
+            if cfg.merge_strategy != "MERGE_WITH_CONFLICT_DETECT" or key not in self.advance_answers:
+                rest.append(c)
+                continue
+            try:
+                match_answer(build_human_request(c, gateway_id=bpmn_id, config=cfg), self.advance_answers[key])
+            except InvalidAnswerError:
+                awaited.append(c)
+                self.advance_missed.setdefault(key, []).extend(c.conflicting_values.values())
+                continue
+            answered.append(c)
+        return answered, awaited, rest
 
     def _note_instance_conflicts(self, parent: LayeredContext, bpmn_id: str,
                                  pairs: Sequence[tuple[MergedConflict, Any]], steps: Sequence[Any]) -> None:
@@ -827,13 +908,17 @@ class ScopeSteps:
         changes, kept, dropped = self._side_changes(name, parent)
         _bring_side(parent, branch, changes, dropped, branch_name=name, gateway=gw)
         if kept:
-            parent.record("side_conflict", actor=gw, data={"branch": name, "gateway_id": gw, "keys": kept})
             # listed with the run's conflicts too, settled by this rule: the flow the activity is on
             # keeps its value (the path ran beside it, from a copy); never only on the tape
             side, own = str(info.get("branch_id") or name), into
             reason = (f"the {what} {side!r} ran beside the flow and changed this key, and so did "
                       f"{own!r}; the value of {own!r} stays (a {what} never overwrites the flow it "
                       "left); its value is on the tape (side_conflict)")
+            # the note says whose value stayed and why, as the conflicts list does: a reader of the
+            # tape alone learns it there
+            parent.record("side_conflict", actor=gw, data={
+                "branch": name, "gateway_id": gw, "keys": [{**k, "kept_from": own, "dropped_from": side} for k in kept],
+                "reason": reason.replace("this key", "the keys listed")})
             self._set_conflicts(gw, [
                 {"gateway_id": gw, "layer": k["layer"], "key": k["key"],
                  "base_value": k["base"],

@@ -973,6 +973,16 @@ def is_join(spec: Any) -> bool:
     return isinstance(spec, UnstructuredJoin) and (len(spec.inputs) > 1 or isinstance(spec, _EndJoin))
 
 
+def merges_instances(spec: Any) -> bool:
+    """Whether ``spec`` is a parallel multi-instance sub-process or call activity: each instance runs
+    in a scope of its own and what they change meets at the activity as a join's branches do, so a
+    conflict of theirs is answered as a join's is (``ACTIVITY/KEY``)."""
+    if not isinstance(spec, spiff_defaults.ParallelMultiInstanceTask):
+        return False
+    inner = spec._wf_spec.task_specs.get(spec.task_spec) if isinstance(spec.task_spec, str) else spec.task_spec
+    return isinstance(inner, SubWorkflowTask)
+
+
 def boundary_of_subworkflow(task: Any) -> bool:
     """Whether boundary event ``task`` is attached to a sub-process or call activity."""
     return isinstance(getattr(attached_activity(task), "task_spec", None), SubWorkflowTask)

@@ -821,17 +821,22 @@ def test_a_non_interrupting_boundary_path_runs_beside_a_multi_instance_activity_
         "reminder": "sent by chair", "outcome": "counted 2"}
 
 
-def test_a_boundary_path_that_writes_a_key_the_flow_also_writes_is_a_listed_conflict(tmp_path: Path) -> None:
-    """Both the boundary path (beside the open activity) and the flow it left write ``outcome``: the
-    flow's value stays, and the clash is in the run's ``conflicts`` (documented shape, settled by
-    strategy, with its reason), not only on the tape."""
+def votes_clash(tmp_path: Path) -> Any:
+    """The reminded vote whose boundary path (``nudge``) writes ``outcome``, as the flow does, run to
+    its end: the path ran beside the first vote, the flow counted both."""
     path = _votes_reminded(tmp_path, "votes_clash", "outcome = 'reminded'")
     engine = Engine()
     instance = run_ours(path, engine=engine)
     instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "yes"})
     instance = engine.send_event(instance, "nudge", {"who": "chair"})
-    instance = engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "no"})
+    return engine.complete_user_task(instance, instance.waiting_for[0]["id"], {"ballot": "no"})
 
+
+def test_a_boundary_path_that_writes_a_key_the_flow_also_writes_is_a_listed_conflict(tmp_path: Path) -> None:
+    """Both the boundary path (beside the open activity) and the flow it left write ``outcome``: the
+    flow's value stays, and the clash is in the run's ``conflicts`` (documented shape, settled by
+    strategy, with its reason), not only on the tape."""
+    instance = votes_clash(tmp_path)
     assert instance.status == "completed", instance.error
     assert instance.main.resolve("outcome") == "counted 2"
     [conflict] = instance.to_document()["conflicts"]
