@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import local_http
 import pytest
 
 from test_contracts_cli import LAYERS, Cli, check_run_document, one_document
-from test_contracts_rest import AUTH, serving
+from test_contracts_rest import serving
+from test_contracts_rest_35 import _json
 
 XSI = 'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance"'
 HEAD = f"""<?xml version="1.0" encoding="UTF-8"?>
@@ -309,19 +309,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from serving(folder, catalog)
 
 
-def _call(method: str, url: str, **kw: Any) -> Any:
-    r = local_http.request(method, url, headers=AUTH, timeout=120, **kw)
-    assert r.status_code < 300, r.text[:600]
-    return r.json()
-
-
 def test_rest_start_inspect_resolve_and_tape(server: str) -> None:
-    started = _call("POST", f"{server}/api/instances", json={"process_id": "vendor_vetting", "data": VETTING_DATA})
+    started = _json("POST", f"{server}/api/instances", json={"process_id": "vendor_vetting", "data": VETTING_DATA})
     check_run_document(started)
     iid = started["instance_id"]
     assert started["status"] == "waiting" and started["layers"]["L4"] == {"attempts": 0, "verdict": "pending"}
     # the seed's context_inspect shape
-    seen = _call("POST", f"{server}/api/context-governance/inspect",
+    seen = _json("POST", f"{server}/api/context-governance/inspect",
                  json={"instance_id": iid, "layers": ["L3", "L4"], "metrics": ["token_count", "key_count",
                                                                                "attention_score"]})
     for name in ("L3", "L4"):
@@ -329,15 +323,15 @@ def test_rest_start_inspect_resolve_and_tape(server: str) -> None:
         assert set(seen[name]["attention_score"]) >= {"density", "redundancy"}
     assert seen["L4"]["key_count"] == 2
     # the seed's resolve shape
-    settled = _call("POST", f"{server}/api/context-governance/resolve",
+    settled = _json("POST", f"{server}/api/context-governance/resolve",
                     json={"instance_id": iid, "conflict_key": "verdict", "resolution": "ok", "reason": "legal wins"})
     assert settled["status"] == "completed"
     [c] = settled["conflicts"]
     assert c["resolution"]["value"] == "ok" and "legal wins" in c["resolution"]["reason"]
     assert settled["layers"]["L3"]["final"] == "ok/1"
-    document = _call("GET", f"{server}/api/instances/{iid}")
+    document = _json("GET", f"{server}/api/instances/{iid}")
     assert document["layers"] == settled["layers"] and document["tape_length"] == settled["tape_length"]
-    tape = _call("GET", f"{server}/api/instances/{iid}/tape")
+    tape = _json("GET", f"{server}/api/instances/{iid}/tape")
     check_tape(tape["events"])
     assert tape["total"] == document["tape_length"]
 
