@@ -83,8 +83,7 @@ def test_round_one_by_answers_file_round_two_waits_for_the_partner(reviewed: dic
     first = reviewed["first"]
     assert first["status"] == "waiting" and first["error"] is None
     (wait,) = first["waiting_for"]
-    # round 2 of the join on the loop asks under an id of its own (round 1's is answered)
-    assert (wait["kind"], wait["id"], wait["task_id"]) == ("confirmation", "review_join/redlines@2", "review_join")
+    assert (wait["kind"], wait["id"], wait["task_id"]) == ("confirmation", "review_join/redlines", "review_join")
     one, rating, two = first["conflicts"]
     assert (one["key"], one["resolution"]["resolver"]) == ("redlines", "human")
     assert one["values"] == {"legal_review": ["cap liability at 12 months of fees"],
