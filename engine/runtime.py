@@ -1198,10 +1198,8 @@ class Engine:
                 try:
                     _check_given_answer(rt, item["id"], value)
                 except InvalidAnswer:
-                    asked = {str(c.get("request_id") or c["id"]) for c in instance.confirmations if c["id"] == item["id"]}
-                    # (an earlier round asked under GATEWAY/KEY, a later one under GATEWAY/KEY@N)
-                    if not any(str(c.get("request_id") or c["id"]) in asked and c.get("answered")
-                               and _same_answer(c, value) for c in instance.confirmations):
+                    if not any(c["id"] == item["id"] and c.get("answered") and _same_answer(c, value)
+                               for c in instance.confirmations):
                         raise
                     # the answer was taken by an earlier round of this step (a loop back through the
                     # join); this round offers other options, so it waits for its own answer
