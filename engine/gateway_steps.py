@@ -714,8 +714,6 @@ class GatewaySteps:
             raise
         if parent_name != infos[members[0]]["parent"]:  # into a fork of the split's snapshot, not the split's context
             result = replace(result, snapshot_id=parent.snapshot(label=f"join:{gw}", actor=gw).id)
-        if result.pending:
-            result = replace(result, pending=self._round_ids(gw, parent_name, result.pending))
         apply_join(parent, result, actor=gw)
         records = result.conflict_records()
         self._set_conflicts(gw, records, resolved=result.complete, context=parent_name, refire=bool(mine))
@@ -797,33 +795,18 @@ class GatewaySteps:
         known = {_request_id(c) for c in self._firing(gw, context) if not c.get("answered")}
         now = self.instance.clock()
         for req in pending:
-            if f"{gw}/{req.key}" in known:
+            if req.id in known:
                 continue
             entry = {**req.to_dict(), **({"values": values[req.key]} if req.key in values else {}),
                      "answer": None, "timed_out": False, "answered": False,
                      "task_id": gw, "task": str(task.id), "context": context,
                      "created": now, "deadline": now + float(req.timeout)}
-            if req.id != f"{gw}/{req.key}":  # a later round's question (``_round_ids``)
-                entry.update(request_id=f"{gw}/{req.key}", round=int(req.id.rpartition("@")[2]))
             # the same question open for another firing of this join (GATEWAY/KEY answers both)
             taken = {c["id"] for c in inst.confirmations if not c.get("answered")}
             if req.id in taken:
                 entry["id"] = next(f"{req.id}#{n}" for n in itertools.count(2) if f"{req.id}#{n}" not in taken)
-                entry["request_id"] = f"{gw}/{req.key}"
+                entry["request_id"] = req.id
             inst.confirmations.append(entry)
-
-    def _round_ids(self, gw: str, context: str, pending: list[HumanRequest]) -> list[HumanRequest]:
-        """``pending`` with the id each question is asked under: a round of a loop through join ``gw``
-        after a round it settled asks ``GATEWAY/KEY@N`` (``round`` N; ``request_id`` ``GATEWAY/KEY``),
-        so an answer to round 1's id (a request retried after its reply was lost) is refused as
-        answered already instead of reaching round 2's question. ``GATEWAY/KEY`` in answers still
-        answers each round (``_answer_key``)."""
-        out = []
-        for req in pending:
-            rounds = [int(c.get("round") or 1) for c in self._firing(gw, context)
-                      if _request_id(c) == req.id and c.get("resolved") and not c.get("cancelled")]
-            out.append(replace(req, id=f"{req.id}@{max(rounds) + 1}") if rounds else req)
-        return out
 
     def _close_confirmations(self, gw: str, context: str) -> None:
         for c in self._firing(gw, context):

@@ -106,8 +106,7 @@ def confirmation_item(confirmation: Mapping[str, Any]) -> dict[str, Any]:
     (its own ``context``): of several lines of a multi-instance, or firings of one join, asking at
     once under one ``task_id`` and ``key``, the line each question belongs to."""
     return {"kind": "confirmation", "id": confirmation["id"], "task_id": confirmation["task_id"],
-            "key": confirmation.get("key"), "context": str(confirmation.get("context") or MAIN),
-            **({"round": confirmation["round"]} if confirmation.get("round") else {})}
+            "key": confirmation.get("key"), "context": str(confirmation.get("context") or MAIN)}
 
 
 @dataclass(frozen=True)

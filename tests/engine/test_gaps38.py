@@ -188,38 +188,6 @@ def test_a_misspelt_key_of_a_join_on_a_loop_that_waits_is_refused_with_the_key_i
     run_json(cli, "resume", started["instance_id"], "--answer", "merge/other=1", "--answer", "merge/level=a1", code=3)
 
 
-def test_each_round_of_a_join_on_a_loop_asks_under_its_own_id_and_an_answer_reaches_only_its_round(
-        tmp_path: Path) -> None:
-    """Round 2 asked under round 1's id, ``merge/level``: a client retrying round 1's answer (its reply
-    lost) answered round 2 without knowing, and the tape and ``confirmations`` held two questions of
-    one id. Now round 2 is ``merge/level@2`` (``round`` 2, ``request_id`` ``merge/level``): round 1's id
-    is answered already, and ``GATEWAY/KEY`` in answers still answers every round, as before."""
-    from engine.governance import AnsweredAlready
-
-    engine = Engine(f"sqlite:///{tmp_path / 'runs.db'}")
-    inst = engine.run(load_process(_loop(tmp_path)), {})
-    [first] = [w["id"] for w in inst.waiting_for]
-    assert first == "merge/level"
-    inst = engine.answer_confirmation(inst, "merge/level", "a1")
-    inst = engine.complete_user_task(inst, "review", {"redo": True})
-    [item] = [w for w in inst.waiting_for if w["kind"] == "confirmation"]
-    assert (item["id"], item.get("round")) == ("merge/level@2", 2), item
-    [round1, round2] = [c for c in inst.confirmations if c["gateway_id"] == "merge"]
-    assert round1["id"] == "merge/level" and round1["answer"] == "a1" and round1.get("round", 1) == 1
-    assert (round2["id"], round2["request_id"], round2["round"]) == ("merge/level@2", "merge/level", 2)
-    assert [o["value"] for o in round2["options"]][:2] == ["a2", "b2"]
-    pending = [e.data for e in inst.main.tape if e.data.get("note") == "confirmation_pending"]
-    assert [c["id"] for n in pending for c in n["confirmations"]] == ["merge/level", "merge/level@2"]
-    with pytest.raises(AnsweredAlready):  # round 1's answer again (a retry) never reaches round 2
-        engine.answer_confirmation(engine.load(inst.id), "merge/level", "b2")
-    inst = engine.load(inst.id)
-    assert [w["id"] for w in inst.waiting_for] == ["merge/level@2"]
-    inst = engine.resume(inst, answers={"confirmations": {"merge/level": "b2"},
-                                        "user_tasks": {"review": {"redo": False}}})
-    assert inst.status == "completed", inst.error
-    assert variables(inst.main)["level"] == "b2"
-
-
 # ----------------------------------------------------------------------------- 5. side paths
 
 
