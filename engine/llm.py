@@ -1096,9 +1096,12 @@ class LiteLLMSummarizer(_Client):
     """
 
     system = "You write faithful, compact summaries of business-process records."
+    # preserved keys and their values (``ModelCompressor`` sets them): a summary that gives one of them
+    # another value (``claim_ref: CLM-999``) is asked for again, told which, and fails when the model insists
+    facts: Mapping[str, Any] = {}
 
     def summarize(self, text: str, max_tokens: int, *, prefix_messages: Sequence[Mapping[str, str]] | None = None) -> str:
-        from context_layers.summarize import build_summary_request, fit_summary
+        from context_layers.summarize import build_summary_request, fit_summary, misstated_keys
 
         messages = build_summary_request(prefix_messages, text, max_tokens)
         if not prefix_messages:
@@ -1107,7 +1110,11 @@ class LiteLLMSummarizer(_Client):
         def check(content: str | None) -> str:
             if not content or not content.strip():
                 raise AnswerError(["the summary is empty"], text=content or "")
-            return fit_summary(content, max_tokens)
+            summary = fit_summary(content, max_tokens)
+            wrong = misstated_keys(summary, self.facts)
+            if wrong:
+                raise AnswerError(wrong, text=content)
+            return summary
 
         return str(self._caller.run(messages, check, max_tokens=max_tokens, on_attempt=self.on_attempt,
                                     text_answer="the summary text"))

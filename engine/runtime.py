@@ -1016,10 +1016,11 @@ class Engine:
         """The model that settles join conflicts (``gateways.ConflictArbiter``), if any.
 
         Given to the constructor, or built by ``engine.llm`` (``LiteLLMArbiter``) when a
-        model is configured, with the join's ``llm`` settings (``maxRetries``, ``timeout``,
-        ``apiBase``, ...); else None: conflicts go to policy, then to a person.
+        model is configured (``model``, else the join's own ``llm.model``, as a step's and a
+        gateway's condition model are), with the join's ``llm`` settings (``maxRetries``,
+        ``timeout``, ``apiBase``, ...); else None: conflicts go to policy, then to a person.
         """
-        if self.arbiter is not None or self.model is None:
+        if self.arbiter is not None or (self.model is None and (llm is None or not llm.model)):
             return self.arbiter
         from .llm import LiteLLMArbiter  # imports litellm only when a model call happens
 
