@@ -69,7 +69,7 @@ def _limits(ctx: LayeredContext) -> ModelLimits:
 def _preserved_facts(ctx: LayeredContext, redact: RedactSetting) -> dict[str, Any]:
     """The preserved keys the context holds, with their values, that a model summary is checked against
     (``misstated_keys``): those a model may be shown (no secret: its correction would tell the value)."""
-    facts = {}
+    facts: dict[str, Any] = {}
     for key in sorted(ctx.preserved):
         value = ctx.get(key, _ABSENT)
         if value is not _ABSENT and not secret_key(key, redact) and redact_for_model(value, redact) == value:

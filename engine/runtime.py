@@ -1022,9 +1022,11 @@ class Engine:
         """
         if self.arbiter is not None or (self.model is None and (llm is None or not llm.model)):
             return self.arbiter
-        from .llm import LiteLLMArbiter  # imports litellm only when a model call happens
+        from .llm import LiteLLMArbiter, declared_values  # imports litellm only when a model call happens
 
-        return LiteLLMArbiter.from_config(llm, model_override=self.model)
+        arbiter = LiteLLMArbiter.from_config(llm, model_override=self.model)
+        arbiter.value_schemas = declared_values(process.configs)
+        return arbiter
 
     def compression_model(self, cfg: ActivityExtensionConfig | None) -> str | None:
         """The model that summarizes (and, with ``compressionPlanner: model``, plans) the

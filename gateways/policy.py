@@ -494,10 +494,12 @@ def _unreachable(err: BaseException) -> bool:
 
 
 def _model_values(conflict: MergedConflict, config: ActivityExtensionConfig) -> list[Any]:
-    """The values the model may settle ``conflict`` with on its own: those a person would be offered
-    (the branches' values, the merged object, the join's fitting ``humanConfirm`` options and default),
-    the values the join's ``conflictPolicy`` gives the key (its rules' and its ranking's) and the value
-    before the split. Any other value is only the model's suggestion to a person."""
+    """The values ``conflict`` is about, whose JSON types the model's value must have one of: those a
+    person would be offered (the branches' values, the merged object, the join's fitting ``humanConfirm``
+    options and default), the values the join's ``conflictPolicy`` gives the key (its rules' and its
+    ranking's) and the value before the split. (A value of such a type that none of them is, a
+    compromise such as ``medium`` between ``low`` and ``high``, is the model's to choose; the steps'
+    ``outputSchema`` bounds it, ``engine.llm.LiteLLMArbiter``.)"""
     offered = build_human_request(conflict, gateway_id="", config=config).options
     values = [from_json_value(o["value"]) for o in offered if o["value"] != ESCALATE]
     policy = config.conflict_policy
@@ -523,10 +525,10 @@ def _mistyped(value: Any, allowed: Sequence[Any], key: str) -> str | None:
 
 def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: list[ResolutionStep], *,
                allowed: Sequence[Any] = ()) -> tuple[Resolution | None, str | None]:
-    """The model's resolution (``needs_human`` when it escalates, or answers a value none of
-    ``allowed`` is), or ``None`` when it failed; and, when the model could not be reached at all, what
-    the failure was (the join then asks it no more). A malformed answer (one of a JSON type none of
-    ``allowed`` has included) is asked again once, the model shown its reply and what was wrong."""
+    """The model's resolution (``needs_human`` when it escalates), or ``None`` when it failed; and, when
+    the model could not be reached at all, what the failure was (the join then asks it no more). A
+    malformed answer (one of a JSON type none of ``allowed`` has included) is asked again once, the model
+    shown its reply and what was wrong."""
     key = request.key
     for attempt in (1, 2):
         try:
@@ -548,13 +550,6 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: lis
         if answer.escalate:
             steps.append(ResolutionStep(key, "model", "escalated", f"{_show(value)}: {answer.rationale}"))
             return Resolution(value, "model", answer.rationale, needs_human=True), None
-        if allowed and not any(same_value(value, v) for v in allowed):
-            # the model is the branches' judge, not a third reviewer: a value none of them (nor the
-            # join's config) gave is not written without a person
-            why = (f"the model's value {_show(value)} is none of the values the branches or the join offer "
-                   f"({', '.join(_show(v) for v in allowed)}), so a person decides")
-            steps.append(ResolutionStep(key, "model", "escalated", f"{_show(value)}: {why}: {answer.rationale}"))
-            return Resolution(value, "model", f"{answer.rationale} ({why})", needs_human=True), None
         steps.append(ResolutionStep(key, "model", "resolved", answer.rationale))
         return Resolution(value, "model", answer.rationale), None
     return None, None

@@ -10,8 +10,10 @@ rule the model writes).
 
 What this round found (each test failed on main):
 
-* the model's value for a conflict was written whatever it was: ``"partial"``, which neither branch wrote,
-  became the claim's decision with nobody asked; it is the model's suggestion to a person now;
+* the model's value for a conflict was written whatever it was: ``"partial"``, a decision the steps'
+  ``outputSchema`` does not allow (enum approve, deny, refer), became the claim's decision with nobody asked;
+  it is a malformed answer now, asked again once, then a person decides (a compromise the schema allows,
+  ``refer`` or a payout of 600, is still the model's to settle);
 * ``"1200"`` (a string) for a payout the branches gave as numbers was written as the payout; it is a
   malformed answer, asked again once, then a person decides;
 * a malformed answer was asked again with the same request, the model never told what was wrong (a model
@@ -81,9 +83,9 @@ def _conflict_requests(stub: ClaimStub, key: str) -> list[list[dict[str, Any]]]:
 
 # ===== the arbiter's value ===========================================================================
 
-def test_a_value_no_branch_wrote_is_the_models_suggestion_to_a_person_not_the_claims_decision(
+def test_a_value_the_steps_schema_does_not_allow_is_asked_again_then_a_person_decides_without_it(
         stub: ClaimStub, tmp_path: Path) -> None:
-    stub.on("conflict", arbiter("partial", "pay part of it"), arbiter(0))
+    stub.on("conflict", arbiter("partial", "pay part of it"), arbiter("partial", "pay part of it"), arbiter(0))
     store = f"sqlite:///{tmp_path / 'runs.db'}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LAYERFLOW_STORE": store}
     run = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(HERE / "claim_payout.bpmn"), "--data",
@@ -93,12 +95,13 @@ def test_a_value_no_branch_wrote_is_the_models_suggestion_to_a_person_not_the_cl
     doc = json.loads(run.stdout)
     assert doc["status"] == "waiting" and [w["id"] for w in doc["waiting_for"]] == ["review_join/claim_decision"]
     [asked] = doc["confirmations"]
-    assert asked["suggested"] == "partial" and asked["suggested_by"] == "model"
-    assert "none of the values" in asked["message"] and "pay part of it" in asked["message"], asked["message"]
-    assert {"deny", "approve", "partial"} <= {o["value"] for o in asked["options"]}
+    assert asked["suggested"] is None and "partial" not in json.dumps(asked)
     assert "partial" not in json.dumps(doc["layers"])                    # nothing of it written
-    [(resolver, outcome, detail)] = _steps(Engine(store).load(doc["instance_id"]), "claim_decision")[:1]
-    assert (resolver, outcome) == ("model", "escalated") and "none of the values" in detail, detail
+    [fallback] = doc["model_fallbacks"]
+    assert (fallback["key"], fallback["fallback"]) == ("claim_decision", "human")
+    assert "'claim_decision' may take" in fallback["error"] and "fraud_review, payout_review" in fallback["error"]
+    first, second = _conflict_requests(stub, "claim_decision")
+    assert "may take" in second[-1]["content"] and "approve" in second[-1]["content"], second[-1]["content"]
     payout = next(c for c in doc["conflicts"] if c["key"] == "payout_amount")
     assert payout["resolution"]["resolver"] == "model" and payout["resolution"]["value"] == 0
 
@@ -108,31 +111,53 @@ def test_a_value_no_branch_wrote_is_the_models_suggestion_to_a_person_not_the_cl
     assert done.main.resolve("claim_decision") == "deny" and done.main.resolve("payout_amount") == 0
 
 
-def test_a_value_of_another_json_type_is_asked_again_told_why_and_the_number_is_written(stub: ClaimStub) -> None:
-    stub.on("conflict", arbiter("approve", "the damage is covered"), arbiter("1200", "covered"), arbiter(1200, "covered"))
+def test_a_compromise_the_steps_schema_allows_is_the_models_to_settle(stub: ClaimStub) -> None:
+    stub.on("conflict", arbiter("refer", "fraud signals go to investigation"), arbiter(600, "half, pending review"))
     done = _run()
+    assert done.status == "completed", done.error
+    assert (done.main.resolve("claim_decision"), done.main.resolve("payout_amount")) == ("refer", 600)
+    assert [c["resolution"]["resolver"] for c in done.conflicts] == ["model", "model"]
+
+
+def _without_schemas(tmp_path: Path) -> Path:
+    """The claim process whose review steps name their keys (``outputKeys``) instead of an ``outputSchema``:
+    nothing bounds the arbiter's value but the conflict's own values."""
+    config = yaml.safe_load((HERE / "claim_payout.layerflow.yaml").read_text(encoding="utf-8"))
+    for step in ("fraud_review", "payout_review"):
+        schema = config[step]["llm"].pop("outputSchema")
+        config[step]["llm"]["outputKeys"] = schema["required"]
+    shutil.copy(HERE / "claim_payout.bpmn", tmp_path)
+    (tmp_path / "claim_payout.layerflow.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return tmp_path / "claim_payout.bpmn"
+
+
+@pytest.mark.parametrize("schemas", [True, False], ids=["output-schema", "output-keys"])
+def test_a_value_of_another_json_type_is_asked_again_told_why_and_the_number_is_written(
+        stub: ClaimStub, tmp_path: Path, schemas: bool) -> None:
+    stub.on("conflict", arbiter("approve", "the damage is covered"), arbiter("1200", "covered"), arbiter(1200, "covered"))
+    done = _run(process=HERE / "claim_payout.bpmn" if schemas else _without_schemas(tmp_path))
     assert done.status == "completed", done.error
     assert done.main.resolve("payout_amount") == 1200 and done.main.resolve("claim_decision") == "approve"
     first, second = _conflict_requests(stub, "payout_amount")
     assert second[:len(first)] == first                                   # the retry shares the cached prefix
     assert json.loads(second[len(first)]["content"])["final_value"] == "1200"
     told = second[-1]["content"]
-    assert second[-1]["role"] == "user" and '"1200" is a string' in told and "number" in told, told
+    assert second[-1]["role"] == "user" and '"1200"' in told and "string" in told and ("integer" in told or "number" in told), told
     [failed, resolved] = _steps(done, "payout_amount")
-    assert failed[:2] == ("model", "failed") and '"1200" is a string' in failed[2], failed
+    assert failed[:2] == ("model", "failed") and '"1200"' in failed[2] and "string" in failed[2], failed
     assert resolved[:2] == ("model", "resolved") and done.model_fallbacks() == []
 
 
-def test_a_value_of_another_json_type_twice_goes_to_a_person_without_it(stub: ClaimStub) -> None:
+def test_a_value_of_another_json_type_twice_goes_to_a_person_without_it(stub: ClaimStub, tmp_path: Path) -> None:
     stub.on("conflict", arbiter("deny"), arbiter("0"), arbiter("0"))
-    waiting = _run()
+    waiting = _run(process=_without_schemas(tmp_path))
     assert waiting.status == "waiting", waiting.error
     [asked] = waiting.confirmations
     assert asked["id"] == "review_join/payout_amount" and asked["suggested"] is None
     assert "0" not in [o["value"] for o in asked["options"]]
     [fallback] = waiting.model_fallbacks()
     assert (fallback["key"], fallback["purpose"]) == ("payout_amount", "conflict_resolution")
-    assert "is a string" in fallback["error"], fallback
+    assert 'final_value "0" is a string' in fallback["error"], fallback
 
 
 @pytest.mark.parametrize(("bad", "problem"), [
@@ -226,3 +251,19 @@ def test_a_tool_call_on_system_or_process_is_refused_to_the_model_and_nothing_ch
     back = [b["messages"] for b in stub.requests if kind_of(b) == "settle"][1]
     assert "drop L0, L1 from target_layers" in back[-2]["content"]       # the model reads why
     assert dict(done.main.layer(0)) == {"policy": done.main.resolve("policy")}
+
+
+@pytest.mark.parametrize(("summary", "misstated"), [
+    ("claim_ref: CLM-7. payout_amount: 0. approved: true", []),
+    ("claim_ref: CLM-70; payout_amount = 0", ["claim_ref"]),
+    ("payout_amount: $5,000 for the kitchen", ["payout_amount"]),
+    ("payout_amount: 0.0, approved: False", ["approved"]),
+    ("the payout_amount was set by the join; my.claim_ref: X; payout_amount: pending review", []),
+    ("notes: {\"claim_ref\": 1}", []),  # another object's field, in JSON: not the key's own statement
+])
+def test_a_summary_is_judged_by_what_it_states_in_key_value_form(summary: str, misstated: list[str]) -> None:
+    from context_layers.summarize import misstated_keys
+
+    facts = {"claim_ref": "CLM-7", "payout_amount": 0, "approved": True, "lines": [1, 2]}
+    found = misstated_keys(summary, facts)
+    assert [p.split(":", 1)[0].removeprefix("it states ") for p in found] == misstated, found

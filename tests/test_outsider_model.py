@@ -290,7 +290,6 @@ JOIN_CONFIG = """
         - {id: branch_risk, reasonKey: risk_comment}
     review_join:
       mergeStrategy: MERGE_WITH_CONFLICT_DETECT
-      humanConfirm: {options: [pending_dual_approval]}   # a value the model may settle on, beside the branches'
 """
 HIGH_RISK = json.dumps({"amount": 120000, "risk_level": "high"})
 

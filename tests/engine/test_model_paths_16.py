@@ -305,7 +305,7 @@ def test_a_conflict_only_one_branch_changed_is_no_question_for_the_model(fake_mo
     # expected: payment_terms changed in procurement only (compliance wrote back net30, the value it
     # had): taken, no prompt
     instance, model, _ = _supplier(fake_model, {
-        "supplier_tier": {"final_value": "tier_1", "rationale": "fast delivery", "escalate": False},
+        "supplier_tier": {"final_value": "tier_2", "rationale": "middle", "escalate": False},
         "contact_email": {"final_value": "sales@sup31.example", "rationale": "sales", "escalate": False}})
     assert instance.status == "completed", instance.error
     assert set(_prompts(model)) == {"supplier_tier", "contact_email"}
@@ -385,7 +385,7 @@ def test_the_model_resolves_a_conflict_through_litellm_and_the_reason_is_kept_as
     # reason, one JSON string of the prompt; the model's answer settles the conflict
     data = {**SUPPLIER_DATA, "vendor_statement": HOSTILE}
     with StubLLM() as stub:
-        stub.push(Reply.json({"final_value": "privacy@sup31.example", "rationale": "policy", "escalate": False}),
+        stub.push(Reply.json({"final_value": "tier_3", "rationale": "policy", "escalate": False}),
                   Reply.json({"final_value": "tier_3", "rationale": "policy", "escalate": False}))
         code, doc, err = _cli("run", str(SUPPLIER), "--data", json.dumps(data), "--store", "memory://",
                               "--model", "openai/stub-model", "--json", stub=stub)
@@ -522,8 +522,7 @@ def completion(**kw):
     if system.startswith("You route"):
         content = json.dumps({"branch": "manager_review", "rationale": "r"})
     elif system.startswith("You resolve"):
-        first = json.loads(kw["messages"][1]["content"].split("\\n", 1)[1])["branches"][0]["value"]
-        content = json.dumps({"final_value": first, "rationale": "r", "escalate": False})
+        content = json.dumps({"final_value": "tier_3", "rationale": "r", "escalate": False})
     else:
         content = "Short." if kw.get("max_tokens") else json.dumps({"verdict": "ok", "edits": "none"})
     return {"choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
