@@ -97,6 +97,7 @@ __all__ = [
     "ToolOutcome",
     "activity_request",
     "call_recorder",
+    "declared_values",
     "load_litellm",
     "model_configured",
     "prompt_report",

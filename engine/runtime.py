@@ -432,7 +432,8 @@ class Engine:
     ``retriever``: replaces the BM25 default (one per process folder).
     ``model``: the model name for activities with ``llm`` config (none: offline handlers), and
     for the compression after any activity (summaries; plans with ``compressionPlanner: model``).
-    ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``).
+    ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``, else
+    from the join's own ``llm.model``).
     ``progress(instance, task_id, context)``: called after every completed activity (one that threw a
     BPMN error that something catches too: the context's last tape event, its ``complete``, has
     ``"status": "error_thrown"``).
