@@ -19,11 +19,12 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from fastapi import Body, Depends, FastAPI, Path as PathParam, Query, Request, Response
+from fastapi import Body, Depends, FastAPI, Header, Path as PathParam, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
@@ -32,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from context_layers.errors import ConfigError, LayerflowError
+from context_layers.errors import ConfigError, LayerflowError, VersionConflict
 from context_layers.stores import InstanceNotFound
 
 from .governance import (
@@ -47,6 +48,7 @@ from .governance import (
     InjectArgs,
     InstanceId,
     InspectArgs,
+    MAX_LABEL_CHARS,
     InspectFilter,
     ResolveArgs,
     RollbackArgs,
@@ -57,12 +59,15 @@ from .governance import (
     StartArgs,
     UserTaskArgs,
     _snake,
+    mark_dead_letters,
 )
 from .runtime import Engine, Status
 from .tools import TOOL_MODELS, dispatch_tool, tool_schemas
+from .worker import DEFAULT_STREAM, dead_letter_ids, has_queue, queue_client
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS", "STATUS_BY_KIND", "TOKEN_ENV",
-           "Unauthorized", "answer_responses", "create_app", "route_responses", "status_for"]
+__all__ = ["CONDITIONAL_ROUTES", "DEFAULT_MAX_BODY_BYTES", "KIND_MEANING", "MAX_BODY_ENV", "ROUTE_ERRORS",
+           "STATUS_BY_KIND", "TOKEN_ENV", "Unauthorized", "answer_responses", "create_app", "dead_letter_reader",
+           "route_responses", "status_for"]
 
 TOKEN_ENV = "LAYERFLOW_API_TOKEN"
 #: A request body larger than this is refused (413) before it is read on: an inject of megabytes
@@ -85,6 +90,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "not_found": 404,
     "method_not_allowed": 405,
     "payload_too_large": 413,
+    "precondition_failed": 412,
     "version_conflict": 409,
     "invalid_state": 409,
     "already_answered": 409,
@@ -97,6 +103,7 @@ STATUS_BY_KIND: dict[str, int] = {
     "invalid_record": 422,
     "model_error": 502,
     "store_unavailable": 503,
+    "store_error": 500,  # a store's failure no narrower kind names (a damaged record is invalid_record)
 }
 
 
@@ -146,13 +153,19 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_other_names)
 
 
+def _who(description: str) -> Any:
+    """The ``user`` field of a request: a person's name or id, on the tape as the actor of every event the
+    request makes, so bounded as a label is."""
+    return Field(default=None, max_length=MAX_LABEL_CHARS, description=description)
+
+
 class _Instance(_Body):
     instance_id: InstanceId | None = Field(default=None, description="the instance (required: here or as ?instance_id=)")
 
 
 class _Change(_Instance):
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who asks (recorded on the tape as the actor)")
+    user: str | None = _who("who asks (recorded on the tape as the actor)")
 
 
 class InspectRequest(InspectArgs, _Instance):
@@ -218,27 +231,27 @@ class AnswerRequest(AnswerArgs, _Body):
 
 
 class StartRequest(StartArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
-    user: str | None = None
+    user: str | None = _who("who starts it (recorded on the tape as the actor)")
 
 
 class SendEventRequest(SendEventArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who sends it (recorded on the tape as the actor)")
+    user: str | None = _who("who sends it (recorded on the tape as the actor)")
 
 
 class UserTaskRequest(UserTaskArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who completes it (recorded on the tape as the actor)")
+    user: str | None = _who("who completes it (recorded on the tape as the actor)")
 
 
 class CancelRequest(CancelArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who cancels (recorded on the tape as the actor)")
+    user: str | None = _who("who cancels (recorded on the tape as the actor)")
 
 
 class ResumeRequest(ResumeArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
-    user: str | None = Field(default=None, description="who answers (the tape's actor; a join's resolution names them)")
+    user: str | None = _who("who answers (the tape's actor; a join's resolution names them)")
 
 
 class _Open(BaseModel):  # a reply's part: the fields DESIGN.md names; more may come (added, never renamed)
@@ -363,6 +376,30 @@ class InstanceSummary(_Open):
     version: int
     updated: float | None
     held_by: str | None = HELD_BY
+    dead_letter: str | None = Field(
+        default=None, description="only on an unfinished instance whose delivery a worker dead-lettered: the dead "
+        "letter's id (`layerflow worker dead` says why; no worker runs it until `layerflow worker requeue ID`)")
+    definition_version: str | None = Field(
+        default=None, description="the definition the instance runs, the one it started with: its document's "
+        "`definition.version` (null: an instance from before versions were kept)")
+
+
+class ConsoleSummary(_Open):
+    """One row of the console's GET /api/instance-summaries: the instance at a glance."""
+    instance_id: str
+    id: str = Field(description="the same id, as the store names it")
+    process_id: str | None
+    status: Status
+    version: int | None = Field(description="the instance's version (what `expected_version` / `If-Match` ask for)")
+    started: str | None = Field(description="ISO 8601, UTC")
+    updated: str | None = Field(description="ISO 8601, UTC")
+    definition_version: str | None = Field(description="the definition it runs: its document's `definition.version`")
+    dead_letter: str | None = Field(default=None, description=(
+        "only on an unfinished instance whose delivery a worker dead-lettered: the dead letter's id"))
+    waiting_for: list[WaitingItem]
+    tokens_total: int | None = Field(description="tokens of its main context (null: its record cannot be loaded)")
+    open_conflicts: int
+    error: RunError | None = Field(description="its error; for one whose record cannot be loaded, the damage")
 
 
 class RollbackDocument(InstanceDocument):
@@ -512,14 +549,31 @@ class ReplayDocument(_Open):
     layers: dict[str, ReplayLayer] = Field(description="layer (`L0`..`L5`) -> its keys")
 
 
+ETAG_HEADER = {"ETag": {"description": "the instance's version, quoted (`\"3\"`): what a change's `If-Match` asks "
+                                       "for", "schema": {"type": "string"}}}
+
+
+PAGE_HEADERS = {
+    "X-Total-Count": {"description": "how many instances the filters select in all", "schema": {"type": "integer"}},
+    "Link": {"description": 'the next page (`</api/instances?...&offset=N>; rel="next"`), while there is one',
+             "schema": {"type": "string"}},
+}
+
+
+def _success(route: str, model: type[BaseModel], description: str) -> dict[str, Any]:
+    """A route's success answer for /openapi.json: ``model``, and the ``ETag`` of the routes that send one."""
+    etag = {"headers": ETAG_HEADER} if route in (*CONDITIONAL_ROUTES, "document", "start") else {}
+    return {"model": model, "description": description, **etag}
+
+
 def answer_responses(route: str, model: type[BaseModel], description: str) -> dict[int | str, dict[str, Any]]:
     """``route_responses`` plus its success, ``model``."""
-    return {200: {"model": model, "description": description}, **route_responses(route)}
+    return {200: _success(route, model, description), **route_responses(route)}
 
 
 def document_responses(route: str, status: int = 200) -> dict[int | str, dict[str, Any]]:
     """``route_responses`` plus its success: the instance's document (``InstanceDocument``)."""
-    return {status: {"model": InstanceDocument, "description": "the instance's document, as it is now"},
+    return {status: _success(route, InstanceDocument, "the instance's document, as it is now"),
             **route_responses(route)}
 
 
@@ -542,6 +596,8 @@ KIND_MEANING: dict[str, str] = {
     "permission_denied": "a layer rule denied the write (a SYSTEM key, a PROCESS key already set)",
     "not_found": "an unknown instance, context, branch, snapshot, element, confirmation, process or tool",
     "version_conflict": "stale expected_version: load the instance again and repeat",
+    "precondition_failed": "stale If-Match (the ETag, the instance's version, you read): load the instance again "
+                           "and repeat",
     "invalid_state": "the instance's state does not allow it (completed, cancelled, not waiting for it, "
                      "branches open, run by another request right now)",
     "already_answered": "the confirmation was answered already (by whom and when: in the message)",
@@ -598,6 +654,15 @@ ROUTE_ERRORS: dict[str, tuple[str, ...]] = {
     "process_diagram": ("validation_error", "not_found", "invalid_process"),
     "replay": _LOADED,
 }
+
+
+#: The routes that take the version a change expects as ``If-Match`` too (the ``ETag`` their answer
+#: gives): a stale one is 412 ``precondition_failed``, a malformed one 400 ``bad_request``.
+CONDITIONAL_ROUTES = ("compress", "inject", "resolve", "rollback", "config", "snapshot", "send_event",
+                      "complete_user_task", "resume", "cancel", "answer")
+for _route in CONDITIONAL_ROUTES:
+    ROUTE_ERRORS[_route] = tuple(dict.fromkeys((*ROUTE_ERRORS[_route], "precondition_failed", "bad_request")))
+del _route
 
 
 def route_responses(route: str) -> dict[int | str, dict[str, Any]]:
@@ -672,12 +737,34 @@ def max_body_bytes_from_env() -> int:
     return int(raw)
 
 
+def dead_letter_reader(store_url: str | None, queue: str | None = None,
+                       stream: str = DEFAULT_STREAM) -> Callable[[], dict[str, str]]:
+    """What the listings read to name an instance's dead letter (``worker.dead_letter_ids`` of ``stream``
+    on the queue ``worker.queue_client`` finds: ``queue``, a Redis store's, $LAYERFLOW_QUEUE); with none,
+    nothing. A bad ``queue`` URL fails here, as the server starts; a queue that does not answer later
+    costs the listing its dead letters (logged), never the listing."""
+    if not has_queue(store_url, queue):
+        return dict
+    client = queue_client(store_url, queue)
+
+    def read() -> dict[str, str]:
+        try:
+            return dead_letter_ids(client, stream)
+        except LayerflowError as err:
+            log.warning("dead letters of stream %r not read, instance rows name none: %s", stream, err)
+            return {}
+    return read
+
+
 def create_app(store: str | Engine | GovernanceService | None = None, catalog_dir: str | Path | None = None,
                token: str | None = None, *, model: str | None = None,
-               max_body_bytes: int | None = None) -> FastAPI:
+               max_body_bytes: int | None = None, queue: str | None = None,
+               stream: str = DEFAULT_STREAM) -> FastAPI:
     """The FastAPI app. ``store``: a store URL (default ``memory://``), an ``Engine`` or a
     ``GovernanceService``; ``catalog_dir``: where the startable processes are; ``max_body_bytes``:
-    the largest request body accepted (default: ``LAYERFLOW_MAX_BODY_BYTES``, else 1 MiB)."""
+    the largest request body accepted (default: ``LAYERFLOW_MAX_BODY_BYTES``, else 1 MiB);
+    ``queue`` / ``stream``: the workers' Redis stream whose dead letters the instance rows name
+    (``dead_letter``; default: the store's Redis, else $LAYERFLOW_QUEUE, else none)."""
     limit = max_body_bytes if max_body_bytes is not None else max_body_bytes_from_env()
     if limit < 1:
         raise ConfigError(f"max_body_bytes={limit} accepts no body at all; give a positive number of bytes")
@@ -687,11 +774,13 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         engine = store if isinstance(store, Engine) else Engine(store or "memory://", model=model)
         service = GovernanceService(engine, Catalog(catalog_dir))
     secret = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    dead_letters = dead_letter_reader(getattr(service.engine.store, "url", None), queue, stream)
 
     app = FastAPI(title="layerflow", version="0.1.0",
                   description="Context governance for BPMN processes with a layered LLM context.",
                   dependencies=[Depends(_known_query)])
     app.state.service = service
+    app.state.dead_letters = dead_letters
 
     def openapi() -> dict[str, Any]:
         # the bodies' nested models take camelCase names too (_Args._camel_case): say so here only,
@@ -739,7 +828,11 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         message = body.pop("message")
         if isinstance(err, InstanceNotFound):  # the store's hint names a Python call; a client lists by GET
             message = _not_in_store(err.instance_id)
-        return _documented(request, _error(body.pop("kind"), message, **body))
+        kind = body.pop("kind")
+        if isinstance(err, VersionConflict) and request.headers.get("if-match", "").strip() not in ("", "*"):
+            # the version came as a precondition (RFC 9110): its failure is 412, not a body's conflict
+            kind, message = "precondition_failed", f"If-Match: {message}"
+        return _documented(request, _error(kind, message, **body))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -809,54 +902,71 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.post("/api/context-governance/compress", tags=["context-governance"], response_model=None,
               responses=answer_responses("compress", CompressResult, "the compression, its evaluation or its undoing"))
-    def compress(body: CompressRequest, instance_id: QueryId = None,
+    def compress(body: CompressRequest, response: Response, instance_id: QueryId = None,
+                 if_match: IfMatch = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Compress HISTORY (a snapshot first), evaluate a compression, or undo it."""
-        return s.compress(_instance_of(body, instance_id), CompressArgs.model_validate(_args(body, CompressArgs)),
-                          expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = CompressArgs.model_validate(_args(body, CompressArgs))
+        return _etag(response, s.compress(_instance_of(body, instance_id), args, expected_version=version,
+                                          actor=body.user or "api"))
 
     @app.post("/api/context-governance/inject", tags=["context-governance"], response_model=None,
               responses=answer_responses("inject", InjectResult, "what was written, and where"))
-    def inject(body: InjectRequest, instance_id: QueryId = None,
+    def inject(body: InjectRequest, response: Response, instance_id: QueryId = None,
+               if_match: IfMatch = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Write values into a layer; the layer rules apply (a SYSTEM key: 403)."""
-        return s.inject(_instance_of(body, instance_id), InjectArgs.model_validate(_args(body, InjectArgs)),
-                        expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = InjectArgs.model_validate(_args(body, InjectArgs))
+        return _etag(response, s.inject(_instance_of(body, instance_id), args, expected_version=version,
+                                        actor=body.user or "api"))
 
     @app.post("/api/context-governance/resolve", tags=["context-governance"], response_model=None,
               responses=document_responses("resolve"))
-    def resolve(body: ResolveRequest, instance_id: QueryId = None,
+    def resolve(body: ResolveRequest, response: Response, instance_id: QueryId = None,
+                if_match: IfMatch = None,
                 s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Settle a pending conflict / confirmation with a value and a reason; the instance runs on."""
-        return s.resolve(_instance_of(body, instance_id), ResolveArgs.model_validate(_args(body, ResolveArgs)),
-                         expected_version=body.expected_version, actor=body.user or "api", by=body.user)
+        version = _expected(body.expected_version, if_match)
+        args = ResolveArgs.model_validate(_args(body, ResolveArgs))
+        return _etag(response, s.resolve(_instance_of(body, instance_id), args, expected_version=version,
+                                         actor=body.user or "api", by=body.user))
 
     @app.post("/api/context-governance/rollback", tags=["context-governance"], response_model=None,
-              responses={200: {"model": RollbackDocument, "description": "the instance's document, the context "
-                                                                         "rolled back as it is now"},
+              responses={200: _success("rollback", RollbackDocument, "the instance's document, the context rolled "
+                                                                       "back as it is now"),
                          **route_responses("rollback")})
-    def rollback(body: RollbackRequest, instance_id: QueryId = None,
+    def rollback(body: RollbackRequest, response: Response, instance_id: QueryId = None,
+                 if_match: IfMatch = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Restore a context's layers to a snapshot (an event on the tape; nothing is deleted)."""
-        return s.rollback(_instance_of(body, instance_id), RollbackArgs.model_validate(_args(body, RollbackArgs)),
-                          expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = RollbackArgs.model_validate(_args(body, RollbackArgs))
+        return _etag(response, s.rollback(_instance_of(body, instance_id), args, expected_version=version,
+                                          actor=body.user or "api"))
 
     @app.post("/api/context-governance/config", tags=["context-governance"], response_model=None,
               responses=answer_responses("config", ConfigResult, "the config now and before"))
-    def config(body: ConfigRequest, instance_id: QueryId = None,
+    def config(body: ConfigRequest, response: Response, instance_id: QueryId = None,
+               if_match: IfMatch = None,
                s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Change an activity's config for this instance (validated, versioned; no handlers or scripts)."""
-        return s.config(_instance_of(body, instance_id), ConfigArgs.model_validate(_args(body, ConfigArgs)),
-                        expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = ConfigArgs.model_validate(_args(body, ConfigArgs))
+        return _etag(response, s.config(_instance_of(body, instance_id), args, expected_version=version,
+                                        actor=body.user or "api"))
 
     @app.post("/api/context-governance/snapshot", tags=["context-governance"], response_model=None,
               responses=answer_responses("snapshot", SnapshotResult, "the snapshot taken"))
-    def snapshot(body: Annotated[SnapshotRequest, Body(default_factory=SnapshotRequest)],
-                 instance_id: QueryId = None,
+    def snapshot(body: Annotated[SnapshotRequest, Body(default_factory=SnapshotRequest)], response: Response,
+                 instance_id: QueryId = None, if_match: IfMatch = None,
                  s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Take a snapshot of a context (all six layers)."""
-        return s.snapshot(_instance_of(body, instance_id), SnapshotArgs.model_validate(_args(body, SnapshotArgs)),
-                          expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = SnapshotArgs.model_validate(_args(body, SnapshotArgs))
+        return _etag(response, s.snapshot(_instance_of(body, instance_id), args, expected_version=version,
+                                          actor=body.user or "api"))
 
     @app.post("/api/context-governance/branch-evaluate", tags=["context-governance"],
               response_model=None,
@@ -924,17 +1034,28 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         return s.process(process_id)
 
     @app.get("/api/instances", tags=["instances"], response_model=None,
-             responses={200: {"model": list[InstanceSummary], "description": "the instances, newest first"},
+             responses={200: {"model": list[InstanceSummary], "description": "the instances, newest first",
+                              "headers": PAGE_HEADERS},
                         **route_responses("list_instances")})
     def list_instances(status: Status | None = Query(default=None, description="only this status"),
                        process_id: str | None = Query(default=None, description="only the instances of this process"),
                        limit: int | None = Query(default=None, ge=1, description="at most this many"),
                        offset: int = Query(default=0, ge=0, description="skip this many of those selected first"),
-                       s: GovernanceService = Depends(svc)
+                       *, request: Request, response: Response, s: GovernanceService = Depends(svc)
                        ) -> list[dict[str, Any]]:
-        """Instance summaries, newest first, each naming who holds its lease right now (``held_by``);
-        ``limit`` and ``offset`` page through them."""
-        return s.list_instances(status, holders=True, process_id=process_id, limit=limit, offset=offset)
+        """Instance summaries, newest first, each naming who holds its lease right now (``held_by``), the
+        definition it runs (``definition_version``) and, for one whose delivery a worker dead-lettered, that
+        dead letter (``dead_letter``: no worker runs it until it is requeued); ``limit`` and ``offset`` page
+        through them: ``X-Total-Count`` says how many the filters select, and ``Link`` (``rel="next"``) where
+        the next page starts while there is one (newest first: instances started meanwhile push the older
+        ones on by as many)."""
+        rows, total = s.instance_page(status, holders=True, process_id=process_id, limit=limit, offset=offset)
+        mark_dead_letters(rows, dead_letters() if rows else {})
+        response.headers["X-Total-Count"] = str(total)
+        if offset + len(rows) < total:
+            after = request.url.include_query_params(offset=offset + len(rows))
+            response.headers["Link"] = f'<{after.path}?{after.query}>; rel="next"'
+        return rows
 
     @app.post("/api/instances", status_code=201, tags=["instances"], response_model=None,
               responses=document_responses("start", 201))
@@ -943,55 +1064,66 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         ``Location`` is the new instance's document."""
         doc = s.start(StartArgs.model_validate(_args(body, StartArgs)), actor=body.user or "api", by=body.user)
         response.headers["Location"] = f"/api/instances/{doc['instance_id']}"
-        return doc
+        return _etag(response, doc)
 
     @app.get("/api/instances/{instance_id}", tags=["instances"], response_model=None,
              responses=answer_responses("document", InstanceView, "the instance's document, as it is now"))
-    def document(instance_id: PathId, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def document(instance_id: PathId, response: Response, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """The instance as `layerflow run --json` prints it, plus its version and who holds its
-        lease right now (``held_by``)."""
-        return s.document(instance_id)
+        lease right now (``held_by``); its ``ETag`` is that version, which a change's ``If-Match``
+        (or ``expected_version``) asks for."""
+        return _etag(response, s.document(instance_id))
 
     @app.post("/api/instances/{instance_id}/events", tags=["instances"], response_model=None,
               responses=document_responses("send_event"))
-    def send_event(instance_id: PathId, body: SendEventRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def send_event(instance_id: PathId, body: SendEventRequest, response: Response, if_match: IfMatch = None,
+                   s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Send a BPMN message (or broadcast a signal) with a payload to what waits for it; the
         instance runs on. Nothing waits for it: 409, naming what the instance waits for."""
-        return s.send_event(instance_id, SendEventArgs.model_validate(_args(body, SendEventArgs)),
-                            expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = SendEventArgs.model_validate(_args(body, SendEventArgs))
+        return _etag(response, s.send_event(instance_id, args, expected_version=version, actor=body.user or "api"))
 
     @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], response_model=None,
               responses=document_responses("complete_user_task"))
     def complete_user_task(instance_id: PathId, task_id: str, body: UserTaskRequest,
+                           response: Response, if_match: IfMatch = None,
                            s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Complete a user task the instance waits for (``task_id``: the ``id`` of its
         ``waiting_for`` item, or its BPMN id) with the person's ``data``; the instance runs on.
         Several instances of a multi-instance task waiting under the BPMN id: it completes the
         first ``waiting_for`` lists; ``completed_user_task`` names the one completed (``id``,
-        ``task_id``, ``instance``, ``input``). Not waiting for it: 409, naming what the instance
-        waits for."""
-        return s.complete_user_task(instance_id, task_id, UserTaskArgs.model_validate(_args(body, UserTaskArgs)),
-                                    expected_version=body.expected_version, actor=body.user or "api")
+        ``task_id``, ``instance``, ``input``). A task of the process it does not wait for (yet, or
+        any more): 409; an id that is no user task of the instance at all: 404; both name what the
+        instance waits for."""
+        version = _expected(body.expected_version, if_match)
+        args = UserTaskArgs.model_validate(_args(body, UserTaskArgs))
+        return _etag(response, s.complete_user_task(instance_id, task_id, args, expected_version=version,
+                                                    actor=body.user or "api"))
 
     @app.post("/api/instances/{instance_id}/resume", tags=["instances"], response_model=None,
               responses=document_responses("resume"))
-    def resume(instance_id: PathId, body: ResumeRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def resume(instance_id: PathId, body: ResumeRequest, response: Response, if_match: IfMatch = None,
+               s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Run an instance on, as `layerflow resume ID`: with ``answers`` (the `--answers` shape)
         for what it waits for, after a timer came due, or to retry the failed activity of an
         instance in ``error`` once its cause is fixed. All or nothing: an answer refused (400,
         403) leaves the instance as it was, with nothing of the other answers applied. A completed
         instance comes back as it is (200), its answers unused, as `layerflow resume` exits 0."""
-        return s.resume(instance_id, ResumeArgs.model_validate(_args(body, ResumeArgs)),
-                        expected_version=body.expected_version, by=body.user)
+        version = _expected(body.expected_version, if_match)
+        args = ResumeArgs.model_validate(_args(body, ResumeArgs))
+        return _etag(response, s.resume(instance_id, args, expected_version=version, by=body.user))
 
     @app.post("/api/instances/{instance_id}/cancel", tags=["instances"], response_model=None,
               responses=document_responses("cancel"))
-    def cancel(instance_id: PathId, body: CancelRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def cancel(instance_id: PathId, body: CancelRequest, response: Response, if_match: IfMatch = None,
+               s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Stop an unfinished instance for good: its open tasks are cancelled, its pending
         confirmations closed, and nothing of it runs again; who and why are on its tape.
         A completed or cancelled instance: 409."""
-        return s.cancel(instance_id, CancelArgs.model_validate(_args(body, CancelArgs)),
-                        expected_version=body.expected_version, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        args = CancelArgs.model_validate(_args(body, CancelArgs))
+        return _etag(response, s.cancel(instance_id, args, expected_version=version, actor=body.user or "api"))
 
     @app.get("/api/instances/{instance_id}/tape", tags=["instances"], response_model=None,
              responses=answer_responses("tape", TapeDocument, "the selected events"))
@@ -1013,9 +1145,12 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
 
     @app.post("/api/confirmations/{confirmation_id:path}", tags=["confirmations"], response_model=None,
               responses=document_responses("answer"))
-    def answer(confirmation_id: str, body: AnswerRequest, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+    def answer(confirmation_id: str, body: AnswerRequest, response: Response, if_match: IfMatch = None,
+               s: GovernanceService = Depends(svc)) -> dict[str, Any]:
         """Answer a confirmation with one of its option values; the instance runs on."""
-        return s.answer(confirmation_id, body, actor=body.user or "api")
+        version = _expected(body.expected_version, if_match)
+        return _etag(response, s.answer(confirmation_id, body.model_copy(update={"expected_version": version}),
+                                        actor=body.user or "api"))
 
     # The web console (engine/console.py): its page at / and its documented read endpoints.
     from .console import mount_console
@@ -1024,6 +1159,40 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
     # added last, so outermost: a body too large is refused before the token or a route reads it
     app.add_middleware(_BodyLimit, limit=limit)
     return app
+
+
+def _if_match(if_match: Annotated[str | None, Header(description=(
+        'the instance\'s version you read, as its `ETag` gave it (`"3"`): a change to a newer one is 412 and changes '
+        'nothing; `*`: any version (as `expected_version` in the body, which it must not contradict)'))] = None
+               ) -> int | None:
+    """The version an ``If-Match`` header asks for (None: absent, or ``*``); malformed: 400 naming the form."""
+    if if_match is None or if_match.strip() == "*":
+        return None
+    found = re.fullmatch(r'\s*"([1-9][0-9]{0,17})"\s*', if_match)
+    if found is None:
+        raise BadRequest(f"If-Match: {if_match[:100]!r} is not one entity tag of this API: send the instance's "
+                         '`ETag` as it came (one quoted version, e.g. "3"; not a weak W/"3", not a list), or `*`')
+    return int(found.group(1))
+
+
+IfMatch = Annotated[int | None, Depends(_if_match)]
+
+
+def _expected(body_version: int | None, if_match: int | None) -> int | None:
+    """The version a change expects: the body's ``expected_version`` or the ``If-Match`` header's, not both
+    at odds."""
+    if body_version is not None and if_match is not None and body_version != if_match:
+        raise BadRequest(f"expected_version {body_version} and If-Match \"{if_match}\" ask for different versions; "
+                         "send one of them (or both the same)")
+    return body_version if body_version is not None else if_match
+
+
+def _etag(response: Response, doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (an instance's document or a change's answer), its version as the answer's ``ETag``."""
+    version = doc.get("version")
+    if isinstance(version, int) and not isinstance(version, bool):
+        response.headers["ETag"] = f'"{version}"'
+    return doc
 
 
 def _unreadable(cause: BaseException) -> str:

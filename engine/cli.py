@@ -1345,15 +1345,12 @@ def list_instances(status: str | None, process_id: str | None, limit: int | None
     names it (held by ...), so a running one can be told from one that waits on the queue, and a
     waiting one whose timer or answer is being run from one that still waits; one whose entry is in
     the --stream's dead letters names its dead letter, as no worker will run it until it is requeued."""
-    from .governance import instance_rows
+    from .governance import instance_rows, mark_dead_letters
 
     engine = _existing_engine(store, None, as_json)
     rows = (instance_rows(engine.store, status, holders=True, process_id=process_id, limit=limit, offset=offset)
             if engine is not None else [])
-    letters = _dead_letter_ids(store, queue, stream) if rows else {}
-    for r in rows:  # only on the rows that have one: the others are GET /api/instances's rows as they are
-        if r["status"] in ("running", "waiting") and r["id"] in letters:
-            r["dead_letter"] = letters[r["id"]]
+    mark_dead_letters(rows, _dead_letter_ids(store, queue, stream) if rows else {})
     if as_json:  # `instance_id` as `run --json` names it, beside the store's `id`
         _Out(True).doc(rows)
         return
@@ -1370,12 +1367,10 @@ def _dead_letter_ids(store: str | None, queue: str | None, stream: str) -> dict[
     """Instance id -> the id of its latest dead letter of ``stream``. Read only when there is a queue to read:
     a Redis store, ``--queue`` or $LAYERFLOW_QUEUE; one that does not answer is named on stderr, and `list`
     lists the store all the same."""
-    import redis
-
-    from .worker import dead_letters, queue_client
+    from .worker import dead_letter_ids, has_queue, queue_client
 
     url = store or default_store_url()
-    if not (queue or os.environ.get("LAYERFLOW_QUEUE") or url.split("://", 1)[0] in ("redis", "rediss", "unix")):
+    if not has_queue(url, queue):
         return {}
     try:
         client = queue_client(url, queue)
@@ -1383,9 +1378,9 @@ def _dead_letter_ids(store: str | None, queue: str | None, stream: str) -> dict[
         click.echo(f"layerflow: dead letters not read: {err}", err=True)
         return {}
     try:
-        return {d.instance_id: d.id for d in dead_letters(client, stream)}
-    except redis.RedisError as err:
-        click.echo(f"layerflow: dead letters of {stream!r} not read: {type(err).__name__}: {err}", err=True)
+        return dead_letter_ids(client, stream)
+    except LayerflowError as err:
+        click.echo(f"layerflow: dead letters of {stream!r} not read: {err}", err=True)
         return {}
     finally:
         client.close()

@@ -53,10 +53,15 @@ def _default_catalog() -> str:
 @click.option("--max-body-bytes", default=None, envvar="LAYERFLOW_MAX_BODY_BYTES", show_envvar=True,
               type=click.IntRange(min=1), metavar="N",
               help="refuse (413) a request body larger than this  [default: 1048576 (1 MiB)]")
+@click.option("--queue", default=None, metavar="URL",
+              help="the workers' Redis, whose dead letters the instance rows name (default: the store when it is "
+                   "Redis, else $LAYERFLOW_QUEUE)")
+@click.option("--stream", default="layerflow:ready", show_default=True,
+              help="the workers' Redis stream of ready instances (as `layerflow worker --stream`)")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["critical", "error", "warning", "info", "debug"]))
 def serve(host: str, port: int, catalog: str | None, store: str | None, token: str | None, model: str | None,
-          max_body_bytes: int | None, log_level: str) -> None:
+          max_body_bytes: int | None, queue: str | None, stream: str, log_level: str) -> None:
     """Serve the REST API (OpenAPI docs at /docs)."""
     if not token and not is_loopback(host):
         click.echo(f"layerflow: refusing to serve on {host} without a token: contexts and tapes hold business "
@@ -80,7 +85,8 @@ def serve(host: str, port: int, catalog: str | None, store: str | None, token: s
 
     store_url = store or default_store_url()
     try:
-        app = create_app(store_url, catalog_dir, token, model=model, max_body_bytes=max_body_bytes)
+        app = create_app(store_url, catalog_dir, token, model=model, max_body_bytes=max_body_bytes, queue=queue,
+                         stream=stream)
     except LayerflowError as err:
         click.echo(f"layerflow: {err}", err=True)
         sys.exit(EXIT_BAD_INPUT)

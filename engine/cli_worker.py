@@ -152,8 +152,11 @@ def worker_dead(store: str | None, queue: str | None, stream: str, dead_stream: 
     for d in letters:
         error = f"{d.error_type}: {d.error}" if d.error_type else d.error
         wake = f"  wake {d.wake}" if d.wake else ""  # a due timer's entry: requeued, it fires the timer
+        old = ("\n    (written by a layerflow from before dead letters kept their entry's wake and store: requeued, "
+               "it is an entry of any store's workers, and a due timer of its instance fires all the same)"
+               if d.format < 2 else "")
         click.echo(f"{d.id}  instance {d.instance_id}  entry {d.entry_id}  {d.deliveries} deliveries  {d.time}  "
-                   f"{d.consumer}{wake}\n    {error}")
+                   f"{d.consumer}{wake}\n    {error}{old}")
     click.echo(f"{len(letters)} dead letter(s) in {dead}" +
                (f"; once the cause is fixed: layerflow worker requeue ID --stream {stream}" if letters else ""),
                err=True)

@@ -35,15 +35,17 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from context_layers import DELETED, Layer, LayeredContext, thaw
-from context_layers.errors import ContextKeyError, ProcessError
+from context_layers.errors import ContextKeyError, LayerflowError, ProcessError
+from context_layers.stores import StoreError, StoreUnavailable
 from context_layers.tape import EventKind
 
-from .api import ReplayDocument, answer_responses, route_responses
+from .api import ConsoleSummary, ReplayDocument, answer_responses, route_responses
 from .diagram import Diagram, marks_of, parse_bpmn, render_svg
-from .governance import GovernanceService, event_document, moved_keys
+from .governance import GovernanceService, event_document, mark_dead_letters, moved_keys
+from .process import definition_version
 from .runtime import Instance, Status
 
-__all__ = ["STATIC_DIR", "mount_console", "replay_document", "summary_of"]
+__all__ = ["STATIC_DIR", "mount_console", "replay_document", "summary_of", "unreadable_summary"]
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 ID_PATTERN = r"^[\w.:@-]+$"
@@ -81,19 +83,23 @@ def mount_console(app: FastAPI) -> None:
     tags: list[str | Enum] = ["console"]
     auth = [Depends(bearer)]
 
-    @app.get("/api/instance-summaries", responses=route_responses("instance_summaries"), tags=tags, dependencies=auth)
+    @app.get("/api/instance-summaries", response_model=None, tags=tags, dependencies=auth,
+             responses={200: {"model": list[ConsoleSummary], "description": "the instances, newest first"},
+                        **route_responses("instance_summaries")})
     def instance_summaries(status: Annotated[Status | None, Query(description="only this status")] = None,
                            limit: Annotated[int, Query(ge=1, le=500)] = 100,
                            process_id: Annotated[str | None, Query(description="only this process's")] = None,
                            ) -> list[dict[str, Any]]:
         """The instances list, newest first: id, process, status, version, started, updated,
-        what the instance waits for, total tokens of the main context, open conflicts, error."""
+        the definition it runs (``definition_version``), its dead letter (``dead_letter``, only on an
+        unfinished one a worker dead-lettered), what the instance waits for, total tokens of the main context, open conflicts, error."""
         rows = service.list_instances(status, process_id=process_id)[:limit]
         out = []
         for row in rows:
             summary = summaries.get(service, row)
             if summary is not None:
-                out.append(summary)
+                out.append(dict(summary))  # a copy: a dead letter comes and goes at one version (a requeue)
+        mark_dead_letters(out, app.state.dead_letters() if out else {})
         return out
 
     @app.get("/api/instances/{instance_id}/diagram.svg", response_class=Response,
@@ -208,11 +214,23 @@ def summary_of(instance: Instance) -> dict[str, Any]:
     return {
         "instance_id": instance.id, "id": instance.id, "process_id": instance.process_id, "status": instance.status,
         "version": instance.version, "started": _iso(instance.created), "updated": _iso(instance.updated),
+        "definition_version": definition_version(instance.process.digests),
         "waiting_for": [dict(w) for w in instance.waiting_for],
         "tokens_total": instance.main.token_report()["total"],
         # a cancelled conflict (its question closed with its join or instance) is settled by nobody
         "open_conflicts": sum(1 for c in instance.conflicts if c.get("resolution") is None and not c.get("cancelled")),
         "error": instance.error,
+    }
+
+
+def unreadable_summary(row: dict[str, Any], err: LayerflowError) -> dict[str, Any]:
+    """The row of an instance whose record cannot be loaded: what the store's listing knows, and the damage
+    as its ``error`` (``layerflow inspect ID`` names it too)."""
+    return {
+        "instance_id": row["id"], "id": row["id"], "process_id": row.get("process_id"), "status": row.get("status"),
+        "version": row.get("version"), "started": None, "updated": _iso(row.get("updated")),
+        "definition_version": None, "waiting_for": [], "tokens_total": None, "open_conflicts": 0,
+        "error": {"kind": err.kind, "message": str(err), "task_id": None},
     }
 
 
@@ -234,6 +252,12 @@ class _SummaryCache:
             summary = summary_of(service.load(key[0]))
         except ContextKeyError:
             return None  # deleted meanwhile
+        except StoreUnavailable:
+            raise
+        except StoreError as err:
+            # one damaged record (a lost tape: the instance a worker dead-lettered) is a row that names the
+            # damage, not a list nobody can load; not kept: it reads again once the record is restored
+            return unreadable_summary(row, err)
         with self._lock:
             if len(self._rows) >= self._size:
                 self._rows.clear()

@@ -79,7 +79,7 @@ from context_layers.errors import (
     LayerflowError,
     VersionConflict,
 )
-from context_layers.stores import ConfirmationAnswered
+from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError, StoreUnavailable
 from context_layers.tape import Event, EventKind, kind_names, matches_kind
 
 from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
@@ -87,9 +87,9 @@ from gateways.policy import ESCALATE, ESCALATION_IS_FINAL
 from . import configfile, events, forms, spiff
 from .gateway_steps import ENGINE_KEY_RULE, _deadline, is_engine_key, short_json
 from .leases import held_by, holding
-from .process import Process, file_digest, load_process
+from .process import Process, definition_version, file_digest, load_process
 from .runtime import (Engine, Instance, check_answer_keys, confirmation_item, refuse_if_cancelled,
-                      why_not_waiting)
+                      has_user_task, why_not_waiting)
 from .store import record_head
 
 __all__ = [
@@ -487,13 +487,23 @@ class InjectArgs(_Args):
         return data
 
 
+# what a person is shown (a confirmation's message, its options), why a conflict was settled and what a
+# snapshot is called are text a model or a person writes: bounded, so a runaway or hostile call cannot put
+# megabytes into the instance's record, its tape and every confirmation list (a tool call's whole arguments
+# are bounded too: engine.tools)
+MAX_LABEL_CHARS = 500
+MAX_MESSAGE_CHARS = 10_000
+MAX_OPTIONS = 100
+
+
 class ResolveArgs(_Args):
     """Settle a pending conflict or confirmation with a value and a reason."""
 
     confirmation_id: str | None = Field(default=None, description="e.g. `review_join/approval_status`")
     conflict_key: str | None = Field(default=None, description="the context key in conflict (when only one is open)")
     resolution: Any = Field(description="the chosen value: one of the offered option values")
-    reason: str = Field(min_length=1)
+    reason: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS,
+                        description="why this value: on the tape and in `_mergedConflicts` with the resolution")
 
     @model_validator(mode="before")
     @classmethod
@@ -574,14 +584,6 @@ class ConfigArgs(_Args):
                                          " name the activity once")
                 out["config"] = {k: v for k, v in config.items() if k not in inner}
         return out
-
-
-# what a person is shown (a confirmation's message, its options) and what a snapshot is called are text a
-# model may write: bounded, so a runaway or hostile call cannot put megabytes into the instance's record, its
-# tape and every confirmation list (a tool call's whole arguments are bounded too: engine.tools)
-MAX_LABEL_CHARS = 500
-MAX_MESSAGE_CHARS = 10_000
-MAX_OPTIONS = 100
 
 
 class SnapshotArgs(_Args):
@@ -678,7 +680,7 @@ class AnswerArgs(_Args):
 
     value: Any = Field(validation_alias=AliasChoices("value", "answer", "resolution"))
     reason: str | None = None
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=MAX_LABEL_CHARS, description="who answers (the tape's actor)")
     instance_id: InstanceId | None = Field(default=None, description="needed when several instances have this confirmation id")
     expected_version: int | None = Field(default=None, ge=1)
 
@@ -914,14 +916,57 @@ def instance_rows(store: Any, status: str | None = None, *, holders: bool = Fals
     """The store's instances, newest first (of one ``status`` and one ``process_id``, when given), each
     with ``instance_id`` as ``run --json`` names it beside the store's ``id``: GET /api/instances and
     ``layerflow list --json`` alike; ``limit`` of them from the ``offset``-th on. ``holders``: each with
-    ``held_by`` (a lease lookup per row, so only for a listing someone reads)."""
-    rows = [{"instance_id": r["id"], **r} for r in store.list()
-            if (status is None or r.get("status") == status) and (process_id is None or r.get("process_id") == process_id)]
-    rows = rows[offset:] if limit is None else rows[offset:offset + limit]
+    ``held_by`` (a lease lookup per row) and ``definition_version`` (the definition it runs, as its
+    document's ``definition.version``: a record read per row, no tape), so only for a listing someone reads."""
+    return instance_page(store, status, holders=holders, process_id=process_id, limit=limit, offset=offset)[0]
+
+
+def instance_page(store: Any, status: str | None = None, *, holders: bool = False, process_id: str | None = None,
+                  limit: int | None = None, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """``instance_rows``, and how many instances the filters select in all (the page's ``total``)."""
+    selected = [{"instance_id": r["id"], **r} for r in store.list()
+                if (status is None or r.get("status") == status)
+                and (process_id is None or r.get("process_id") == process_id)]
+    rows = selected[offset:] if limit is None else selected[offset:offset + limit]
     if holders:
         for r in rows:
             r["held_by"] = held_by(store, r["id"], r["status"])
-    return rows
+            r["definition_version"] = _definition_version(store, r)
+    return rows, len(selected)
+
+
+def mark_dead_letters(rows: Iterable[dict[str, Any]], letters: Mapping[str, str]) -> None:
+    """Add ``dead_letter`` (the id of its dead letter, ``letters``: ``worker.dead_letter_ids``) to the rows
+    of unfinished instances that have one: no worker runs them until it is requeued. Only on those rows,
+    so the others are as they were."""
+    for r in rows:
+        if r["status"] in ("running", "waiting") and r["id"] in letters:
+            r["dead_letter"] = letters[r["id"]]
+
+
+# (store, instance id, process id) -> its definition version: an instance keeps the definition it started with
+_DEFINITIONS: dict[tuple[str, str, str], str | None] = {}
+_DEFINITIONS_KEPT = 4096
+
+
+def _definition_version(store: Any, row: Mapping[str, Any]) -> str | None:
+    """The ``definition.version`` of the instance of ``row``, from its record without tapes (None: one
+    from before versions were kept, or deleted meanwhile)."""
+    key = (str(getattr(store, "url", "")), str(row["id"]), str(row.get("process_id")))
+    if key in _DEFINITIONS:
+        return _DEFINITIONS[key]
+    try:
+        process = record_head(store, row["id"]).get("process")
+    except StoreUnavailable:
+        raise
+    except (InstanceNotFound, StoreError):  # a damaged record is listed (`inspect` names the damage), not fatal here
+        return None
+    digests = process.get("digests") if isinstance(process, Mapping) else None
+    found = definition_version(digests) if isinstance(digests, Mapping) else None
+    if len(_DEFINITIONS) >= _DEFINITIONS_KEPT:
+        _DEFINITIONS.clear()
+    _DEFINITIONS[key] = found
+    return found
 
 
 def fixed_key_hint(instance_id: str, err: ContextWriteDenied) -> str:
@@ -1151,7 +1196,12 @@ class GovernanceService:
                        process_id: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
         """Summaries, newest first (``instance_rows``); ``holders``: each with ``held_by`` (a lease
         lookup per row, so only for a listing someone reads)."""
-        return instance_rows(self.engine.store, status, holders=holders, process_id=process_id, limit=limit,
+        return self.instance_page(status, holders=holders, process_id=process_id, limit=limit, offset=offset)[0]
+
+    def instance_page(self, status: str | None = None, *, holders: bool = False, process_id: str | None = None,
+                      limit: int | None = None, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """``list_instances``, and how many the filters select in all."""
+        return instance_page(self.engine.store, status, holders=holders, process_id=process_id, limit=limit,
                              offset=offset)
 
     def document(self, instance_id: str) -> dict[str, Any]:
@@ -1649,6 +1699,11 @@ class GovernanceService:
                 # none waits: name what does (a confirmation, a message), as the engine's refusal does
                 shown = (", ".join(f"{w['task_id']} ({w['id']})" for w in waiting)
                          or f"no user task ({events.describe_waiting(instance.waiting_for)})")
+                if not has_user_task(instance, task_id) and task_id not in instance.process.element_ids():
+                    # not the instance's at all (a typo): a wrong address; an element of its process that is no
+                    # user task (a script task's id) stays a state the instance is in, as before
+                    raise ContextKeyError(f"instance {instance_id} ({instance.status}) has no user task "
+                                          f"{task_id!r}{why_not_waiting(instance, task_id)}; it waits for {shown}")
                 raise InstanceStateError(f"instance {instance_id} ({instance.status}) does not wait for user task "
                                          f"{task_id!r}{why_not_waiting(instance, task_id)}; it waits for {shown}")
             instance = self.engine.complete_user_task(instance, task_id, args.data, actor=actor)

@@ -1646,6 +1646,14 @@ def unknown_user_task_keys(target: Instance | Process, keys: Iterable[str]) -> l
     return [key for key in keys if key not in ids]
 
 
+def has_user_task(instance: Instance, task_id: str) -> bool:
+    """Whether ``task_id`` names a user task of ``instance`` (a BPMN id of its process, a ``waiting_for``
+    id) or a task its workflow had: one it may wait for, have waited for, or wait for later. An id that
+    is none of these is not the instance's at all (REST answers 404, not 409)."""
+    return not unknown_user_task_keys(instance, [task_id]) or bool(_TASK_UUID.fullmatch(task_id)) and _had_task(
+        instance, task_id)
+
+
 def why_not_waiting(instance: Instance, task_id: str) -> str:
     """Why ``instance`` cannot take a person's answer posted to ``task_id`` that it does not wait for
     (``Engine.complete_user_task``, REST ``POST .../user-tasks/{task}``, both refused as a state):
@@ -1662,7 +1670,7 @@ def why_not_waiting(instance: Instance, task_id: str) -> str:
     if fired:
         return (f" (user task {task_id!r} was cancelled before it was answered: its boundary event {fired[0]!r} "
                 "fired first; the answer was not used)")
-    if not unknown_user_task_keys(instance, [task_id]) or _TASK_UUID.fullmatch(task_id) and _had_task(instance, task_id):
+    if has_user_task(instance, task_id):
         return ""
     process = instance.process
     tasks = process.user_task_ids()
@@ -3335,7 +3343,7 @@ class _Runtime(ScopeSteps, GatewaySteps):
                 return False
             where = spiff.bpmn_id_of(task)
             # a key a compression folded away was there: say which compression, not "give it a value"
-            hint = (_compressed_away(ctx, err) or _unanswered_field(task, err)
+            hint = (_compressed_away(ctx, err) or _rolled_back(ctx, err) or _unanswered_field(task, err)
                     or _unknown_name(err, ctx, task, where, "expression") or _name_hint(err, where)
                     or _dmn_type_hint(task, err, ctx))
             raise ActivityError(f"{_expression_kind(task, expression)} {expression.strip()!r}"
@@ -3618,6 +3626,32 @@ def _folded_hint(ctx: LayeredContext | None, name: str, others: Iterable[Layered
     return ""
 
 
+def _rolled_back(ctx: LayeredContext | None, err: BaseException) -> str:
+    """For a script's (or condition's) NameError on a key that a rollback took out of the context
+    (a restore since the key was last written, and no write or delete of it after): which rollback,
+    and what to do. The process did not go back with the context, so the step that wrote the key
+    (a message's catch, a person's answer) will not run again to write it."""
+    name = getattr(err, "name", None)
+    if not isinstance(err, NameError) or not isinstance(name, str) or ctx is None or ctx.get(name, ABSENT) is not ABSENT:
+        return ""
+    rolled = None
+    for e in reversed(list(ctx.tape)):
+        if e.kind == "restore":
+            rolled = rolled or e  # the latest one: the context holds what its snapshot held since
+            continue
+        values = [value for _, key, value in e.changes if key == name]
+        if not values:
+            continue
+        if rolled is None or all(value is DELETED for value in values):
+            return ""
+        by = f" by {e.activity!r}" if e.activity else ""
+        return (f"; {name!r} was written{by} (event {e.seq}) and taken out of context {ctx.name!r} by the rollback "
+                f"to snapshot {(rolled.data or {}).get('snapshot_id')!r} (event {rolled.seq}); the process did not go "
+                f"back with it, so no step writes {name!r} again: give it back with `layerflow resume ID --set "
+                f"{name}=VALUE` (REST: inject), or roll back to a snapshot taken after event {e.seq}")
+    return ""
+
+
 def _misspelt_preserved(ctx: LayeredContext, name: str) -> str:
     """A preserved key that no layer holds and that reads like ``name``: the preserveKeys entry the
     process meant for it, misspelt (the advice to preserve ``name`` alone reads as already done)."""
@@ -3746,7 +3780,7 @@ def _activity_error(bpmn_id: str, err: BaseException, ctx: LayeredContext | None
     mapped = ((getattr(task.task_spec, "extensions", None) or {}).get(spiff.MAPPED_KEY) or {}) if task is not None else {}
     by = (f"; {err.key!r} is set by {mapped[err.key]} of {bpmn_id!r}"
           if isinstance(err, ContextWriteDenied) and err.key in mapped else "")
-    away = _compressed_away(ctx, err, others)
+    away = _compressed_away(ctx, err, others) or _rolled_back(ctx, err)
     unset = ""
     if where == "script" and not away:
         # a form field the person (or the start data) left out names its form, as for a condition

@@ -519,6 +519,14 @@ class ScopeSteps:
                     raise
                 task.data = {}
         else:
+            if spiff.interrupted(task) and not call_mappings.scoped(task.task_spec):
+                # it ended at an error end event (an escalation) that an interrupting boundary event of
+                # the call catches: the call did not complete, so it has no outputs (SpiffWorkflow gives
+                # the boundary path none, Camunda propagates no variable of an interrupted call), not
+                # even those set on the way, nor any it never set; its scope closes as when a boundary
+                # timer interrupts it
+                close_branch(self.instance, name, spiff.bpmn_id_of(task))
+                return
             given: dict[str, Any] = {}
             if call_mappings.scoped(task.task_spec):
                 # a call with out mappings (and no out variables="all") gives back what they set, as

@@ -73,6 +73,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -902,15 +903,21 @@ def attached_activity(task: Any) -> Any:
 def interrupts_around(task: Any) -> list[Any]:
     """The interrupting boundary events of the activities around ``task``'s workflow (the sub-process
     it runs in, or one around that) that are READY: they caught what ``task`` just threw (a signal,
-    an escalation). BPMN interrupts the activity as the event is caught, so they run before anything
-    else of it; SpiffWorkflow 3.2 runs the sub-process's own ready tasks first (the deepest first),
+    an escalation; an error end event's error, on an activity around the one it ends). BPMN
+    interrupts the activity as the event is caught, so they run before anything else of it;
+    SpiffWorkflow 3.2 runs the sub-process's own ready tasks first (the deepest first),
     so the steps after the throw ran, and wrote, inside an activity already interrupted.
     An instance of a multi-instance sub-process (or call activity) is looked through to the activity:
     the boundary event sits on that, and its interrupt closes every instance, the activity's writes
     undone (``Runtime.abort_multi``), as any interrupt of it does."""
     found: list[Any] = []
-    if not isinstance(task.task_spec, ThrowingEvent) or isinstance(task.task_spec, EndEvent):
-        return found  # after an end event nothing comes on its path: the sub-process ends as SpiffWorkflow ends it
+    if not isinstance(task.task_spec, ThrowingEvent):
+        return found
+    # after an end event nothing comes on its path: the sub-process (called process) it ends ends as
+    # SpiffWorkflow ends it; but an activity around that one, whose boundary event caught the error, is
+    # interrupted now, before the steps after the ended one in it run (a booking after the fee failed).
+    # An event sub-process that ends so hands its error on as it ends: nothing comes after it in its scope
+    skip = isinstance(task.task_spec, EndEvent)
     definition = getattr(task.task_spec, "event_definition", None)
     if definition is None:
         return found
@@ -921,13 +928,16 @@ def interrupts_around(task: Any) -> list[Any]:
         runner = top.get_task_from_id(workflow.parent_task_id)
         if runner is None:
             break
+        if skip and is_event_subprocess(runner):
+            break
         runner = multi_instance_of(runner) or runner
-        if runner.parent is not None:
+        if runner.parent is not None and not skip:
             # only those that caught this throw: a timer boundary event that came due meanwhile runs in
             # its turn, as SpiffWorkflow runs it
             found.extend(t for t in runner.parent.children if isinstance(t.task_spec, BoundaryEvent)
                          and t.task_spec.cancel_activity and t.state == TaskState.READY
                          and t.task_spec.event_definition.catches(t, event))
+        skip = False
         workflow = runner.workflow
     return found
 
@@ -1546,7 +1556,7 @@ def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
         expression = task.workflow.script_engine.evaluate(task, ed.expression)
         if isinstance(ed, DurationTimerEventDefinition):
             try:
-                parsed = TimerEventDefinition.parse_iso_duration(str(expression))
+                parsed = parse_duration(str(expression))
             except Exception as err:
                 raise ValueError(_timer_value_problem("timeDuration", ed.expression, expression,
                                                       '"PT1H" or "P2DT30M"')) from err
@@ -1570,8 +1580,35 @@ def timer_due(task: Any, now: datetime | None = None) -> datetime | None:
 
 def _timer_value_problem(field: str, expression: str, value: Any, example: str) -> str:
     what = "duration" if field == "timeDuration" else "date and time"
-    return (f"its {field} {expression!r} gave {value!r} ({type(value).__name__}), which is no ISO 8601 {what}: "
-            f"make the expression give ISO 8601 text such as {example}")
+    return (f"its {field} {expression!r} gave {value!r} ({type(value).__name__}), which is no ISO 8601 {what}"
+            f"{duration_hint(value) if field == 'timeDuration' else ''}: make the expression give ISO 8601 text "
+            f"such as {example}")
+
+
+_NUMBER = r"\d+(?:[.,]\d+)?"
+_ISO_DURATION = re.compile(rf"P(?=\d|T\d)(?:{_NUMBER}Y)?(?:{_NUMBER}M)?(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
+                           rf"(?:T(?=\d)(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?", re.IGNORECASE)
+_REPEATING = re.compile(r"R(\d*)/(?:[^/]+/)?(P[^/]+)(?:/[^/]+)?", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> dict[str, Any]:
+    """SpiffWorkflow's reading of an ISO 8601 duration (``parse_iso_duration``), for a duration only:
+    that parser skips what it cannot read ahead of the time part, so a repeating interval
+    (``R3/PT4H``, a cycle typed into a timeDuration) or ``P1XT4H`` read as four hours, silently."""
+    if not _ISO_DURATION.fullmatch(text.strip()):
+        raise ValueError(f"{text!r} is no ISO 8601 duration{duration_hint(text)}")
+    parsed: dict[str, Any] = TimerEventDefinition.parse_iso_duration(text.strip())
+    return parsed
+
+
+def duration_hint(value: Any) -> str:
+    """What a repeating interval given as a duration is, and what to write instead; "" otherwise."""
+    cycle = _REPEATING.fullmatch(value.strip()) if isinstance(value, str) else None
+    if cycle is None:
+        return ""
+    times = f"{cycle[1]} times" if cycle[1] else "without end"
+    return (f" but a repeating interval (a cycle, {times}), and a timeDuration waits once: to repeat, make it a "
+            f"<bpmn:timeCycle> (\"{value.strip()}\"); to wait once, write the duration \"{cycle[2]}\"")
 
 
 def payload_variables(event_definition: Any) -> list[str]:

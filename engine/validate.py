@@ -3115,9 +3115,12 @@ class _Validator:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return  # an expression over the context: its value is known at run time only
         if isinstance(value, str) and _timer_text_problem(tag, value) is not None:
-            self.add("timer_expression", f"timer {event!r}: {tag} {text} is no ISO 8601 {_TIMER_TEXT[tag][0]}, so "
-                     f"the timer fails when it is reached; write one such as {_TIMER_TEXT[tag][1]}", file=file,
-                     line=el.sourceline + first, element_id=event, field=tag)
+            from .spiff import duration_hint
+
+            hint = duration_hint(value) if tag == "timeDuration" else ""
+            todo = hint or f", so the timer fails when it is reached; write one such as {_TIMER_TEXT[tag][1]}"
+            self.add("timer_expression", f"timer {event!r}: {tag} {text} is no ISO 8601 {_TIMER_TEXT[tag][0]}{todo}",
+                     file=file, line=el.sourceline + first, element_id=event, field=tag)
 
     def _check_script_language(self, task: Any, script: Any, language: str, file: str) -> None:
         """SpiffWorkflow ignores ``scriptFormat`` and runs every script as Python: so does the engine."""
@@ -6565,11 +6568,11 @@ def _timer_text_problem(tag: str, text: str) -> str | None:
     ``tag``; None when it can."""
     from SpiffWorkflow.bpmn.specs.event_definitions.timer import TimerEventDefinition
 
-    from .spiff import _parse_cycle
+    from .spiff import _parse_cycle, parse_duration
 
     try:
         if tag == "timeDuration":
-            TimerEventDefinition.parse_iso_duration(text)
+            parse_duration(text)
         elif tag == "timeDate":
             if not isinstance(TimerEventDefinition.parse_time_or_duration(text), datetime):
                 return "no date"

@@ -117,11 +117,12 @@ from context_layers.stores import InstanceNotFound, InstanceRecords, Store, Stor
 
 from .leases import Heartbeat, LeaseLost
 from .process import Process, load_process
-from .runtime import Engine, Instance, _prepared_start
+from .runtime import Engine, Instance, _prepared_start, _utc
 from .store import record_head
 
 __all__ = ["DEFAULT_STREAM", "DEFAULT_GROUP", "DEFAULT_MAX_DELIVERIES", "WorkerStats", "DeadLetter", "submit",
-           "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "requeue",
+           "enqueue", "run_worker", "queue_client", "queue_error", "dead_stream_of", "dead_letters", "dead_letter_ids",
+           "has_queue", "requeue",
            "requeue_running", "trim_done", "prune_consumers", "forget_consumer"]
 
 DEFAULT_STREAM = "layerflow:ready"
@@ -131,6 +132,8 @@ AT_REST = ("completed", "waiting", "error", "cancelled")
 ERROR_CHARS = 2000  # of an error message kept in a dead letter: a message may quote a whole record
 TRIM_INTERVAL = 5.0  # seconds between trims of the entries every group is done with (``trim_done``)
 CONSUMER_IDLE_MS = 3600_000  # a consumer with nothing pending that did not read for this long is gone
+HINT_INTERVAL = 60.0  # seconds between looks for this stream's work in the server's other databases (``_WorkElsewhere``)
+DEAD_LETTER_FORMAT = 2  # 2: letters keep the entry's wake and store (``DeadLetter.format``)
 BEGUN_TTL = 24 * 3600  # seconds an "activity begun" marker outlives a worker that died before its instance rested
 
 log = logging.getLogger("layerflow.worker")
@@ -167,14 +170,22 @@ class DeadLetter:
     time: str           # ISO 8601, UTC
     wake: str = ""      # the entry's ``wake`` ("timer": a due timer's), which ``requeue`` puts back with it
     store: str = ""     # the entry's ``store`` (``store_identity``), which ``requeue`` puts back with it
+    # DEAD_LETTER_FORMAT of the layerflow that wrote it; 1: from before letters kept ``wake`` and ``store``
+    # (one of a due timer's wake-up has none; requeued, the timer fires all the same: ``_due_now``)
+    format: int = 1
 
     @classmethod
     def from_entry(cls, dead_id: str, fields: Mapping[str, str]) -> DeadLetter:
         return cls(id=dead_id, instance_id=fields.get("instance_id", ""), entry_id=fields.get("entry_id", ""),
-                   deliveries=int(fields.get("deliveries", 0)), error_type=fields.get("error_type", ""),
+                   deliveries=_count(fields.get("deliveries")), error_type=fields.get("error_type", ""),
                    error=fields.get("error", ""), consumer=fields.get("consumer", ""),
                    group=fields.get("group", ""), time=fields.get("time", ""), wake=fields.get("wake", ""),
-                   store=fields.get("store", ""))
+                   store=fields.get("store", ""), format=_count(fields.get("format")) or 1)
+
+
+def _count(text: str | None) -> int:
+    """A number a dead letter holds as text; 0 for none, or for one written by hand that is no number."""
+    return int(text) if text and text.isdigit() else 0
 
 
 # ----------------------------------------------------------------------------- the queue
@@ -231,8 +242,23 @@ def _queue_down(client: Any, err: BaseException) -> StoreUnavailable:
         return StoreUnavailable(f"the queue's Redis {_queue_where(client)} refused the connection ({cause}); put "
                                 "its password in --queue / $LAYERFLOW_QUEUE (or a redis:// --store): "
                                 "redis://:PASSWORD@HOST:PORT/DB")
+    if _dropped(err):  # it answered, then closed the connection: a server that is down is refused, not reset
+        return StoreUnavailable(f"the queue's Redis {_queue_where(client)} dropped the connection ({cause}): a CLIENT "
+                                "KILL, the server's `timeout`, a proxy or a restart closed it; a server that answers "
+                                "again is reconnected to, and if this repeats, look at what closes its clients")
     return StoreUnavailable(f"the queue's Redis {_queue_where(client)} did not answer ({cause}); start redis-server "
                             "there, or point --queue / $LAYERFLOW_QUEUE (or a redis:// --store) at one that answers")
+
+
+#: How redis-py words a connection the other end closed after it was open (not one it could not open).
+_DROPPED = ("Connection closed by server", "Connection reset by peer", "Broken pipe", "Error while reading from",
+            "Error while writing to")
+
+
+def _dropped(err: BaseException) -> bool:
+    import redis
+
+    return isinstance(err, redis.ConnectionError) and any(text in str(err) for text in _DROPPED)
 
 
 def queue_error(client: Any, err: BaseException) -> LayerflowError:
@@ -387,6 +413,24 @@ def dead_letters(client: Any, stream: str = DEFAULT_STREAM, *, dead_stream: str 
     """The dead letters of ``stream``, oldest first (at most ``count``)."""
     rows = client.xrange(dead_stream or dead_stream_of(stream), count=count)
     return [DeadLetter.from_entry(dead_id, fields) for dead_id, fields in rows]
+
+
+def has_queue(store_url: str | None, queue_url: str | None = None) -> bool:
+    """Whether ``queue_client`` finds a queue for ``store_url`` (a Redis store, ``queue_url`` or
+    $LAYERFLOW_QUEUE) without asking for one: a listing reads dead letters only then."""
+    scheme = (store_url or "").split("://", 1)[0]
+    return bool(queue_url or os.environ.get("LAYERFLOW_QUEUE") or scheme in ("redis", "rediss", "unix"))
+
+
+def dead_letter_ids(client: Any, stream: str = DEFAULT_STREAM) -> dict[str, str]:
+    """Instance id -> the id of its latest dead letter of ``stream`` (what a listing names: no worker runs
+    the instance until it is requeued). A queue that fails: ``queue_error``'s, naming its Redis."""
+    import redis
+
+    try:
+        return {d.instance_id: d.id for d in dead_letters(client, stream)}
+    except redis.RedisError as err:
+        raise queue_error(client, err) from None
 
 
 def requeue(client: Any, dead_id: str, stream: str = DEFAULT_STREAM, *, dead_stream: str | None = None) -> str:
@@ -630,8 +674,12 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
             _requeue(store, client, stream, stats)
         except _redis_down() as err:
             raise _queue_down(client, err) from err
-    log.info("worker %s: running the instances put on stream %r (group %r); Ctrl-C or SIGTERM stops it after the "
-             "instance in hand", consumer, stream, group)
+    log.info("worker %s: running the instances put on stream %r (group %r) of the queue's Redis %s, for the %s; %s. "
+             "Ctrl-C or SIGTERM stops it after the instance in hand", consumer, stream, group, _queue_where(client),
+             _serves(store), _stream_counts(client, stream, group))
+    hint = _WorkElsewhere(client, stream, group, consumer)
+    hint.check()
+    next_hint = time.monotonic() + HINT_INTERVAL
     other_store = _other_store_check(queue, store, consumer, idle_ms, stats)
     restore = _stop_on_signals(stop, consumer)
     cursor = "0-0"
@@ -661,6 +709,9 @@ def run_worker(store_url: str | Store, *, queue_url: str | None = None, stream: 
                     reply = client.xreadgroup(group, consumer, {stream: ">"}, count=1, block=block_ms)
                     entries = [(eid, fields) for _, batch in reply for eid, fields in batch
                                if not other_store(eid, fields, None)]
+                if not entries and hint.active and time.monotonic() >= next_hint:
+                    next_hint = time.monotonic() + HINT_INTERVAL
+                    hint.check()
                 for entry_id, fields in entries:
                     _handle(engine, store, queue, consumer, ttl, max_deliveries, entry_id, fields, stats,
                             taken_over=taken_over, previous=owners.get(entry_id))
@@ -779,6 +830,167 @@ def _warn_if_evicting(*clients: Any) -> None:
                         "tapes, records or stream entries, without an error; give a Redis that workers share "
                         "maxmemory-policy noeviction (a full one then refuses writes, which workers wait out)",
                         where, policy)
+
+
+def _serves(store: Store) -> str:
+    """The store a worker serves, for its start line: as entries name it (``store_identity``), its URL, and
+    how many instances it holds (when the backend counts them cheaply)."""
+    inner = store.store if isinstance(store, InstanceRecords) else store
+    identity = store_identity(inner)
+    label = f"store {identity} ({_store_label(inner)})" if identity else f"store {_store_label(inner)}"
+    count = getattr(inner, "count_instances", None)
+    if count is None:
+        return label
+    try:
+        return f"{label}, which holds {count()} instances"
+    except StoreError as err:
+        return f"{label} (not counted: {err})"
+
+
+def _stream_counts(client: Any, stream: str, group: str) -> str:
+    """What waits on the stream for the group, for the worker's start line: its entries, those the group
+    has not read yet (Redis 7 counts them) and those pending with workers."""
+    import redis
+
+    try:
+        length = int(client.xlen(stream))
+        mine = next((g for g in client.xinfo_groups(stream) if str(g["name"]) == group), None)
+    except redis.RedisError as err:
+        return f"the stream not counted ({type(err).__name__}: {err})"
+    text = f"the stream holds {length} entries"
+    if mine is None:
+        return text
+    lag = mine.get("lag")
+    unread = f"{lag} not yet read, " if isinstance(lag, int) else ""
+    return f"{text} ({unread}{mine['pending']} pending with workers of the group)"
+
+
+class _WorkElsewhere:
+    """Whether the work of a worker whose stream never had an entry is elsewhere on its Redis server, where
+    it would idle forever: ``check`` logs one line naming where, the entries there and the option to start
+    the worker with.
+
+    * another database holds a stream of the same name with entries: ``layerflow submit`` was given another
+      database than this worker (``--store .../14`` beside ``--store .../5``);
+    * another stream of this database holds entries no worker of this group has read (or no group reads):
+      ``submit`` was given another ``--stream``.
+
+    Cheap enough to run once a minute while idle: INFO keyspace names the databases holding keys, and each
+    is asked about the one key of the stream's name; this database's streams are looked for with a SCAN only
+    while it holds at most ``SCAN_KEYS`` keys. It stops for good once the stream has had an entry (work
+    elsewhere is then another fleet's, not a mistake), and says each place once. A Redis that refuses any of
+    it (an ACL without INFO, SELECT or SCAN) ends the checks: they are only a hint.
+    """
+
+    SCAN_KEYS = 10_000
+
+    def __init__(self, client: Any, stream: str, group: str, consumer: str) -> None:
+        self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
+        self.active = True
+        self.told: set[str] = set()
+
+    def check(self) -> None:
+        import redis
+
+        if not self.active:
+            return
+        try:
+            if _text(self.client.xinfo_stream(self.stream).get("last-generated-id", "0-0")) != "0-0":
+                self.active = False  # this stream is in use: its own work comes here
+                return
+            found = [f for f in [*self._elsewhere(), *self._beside()] if f[0] not in self.told]
+        except (redis.ConnectionError, redis.TimeoutError):
+            return  # the loop deals with an outage; the next check comes after it
+        except redis.RedisError as err:
+            self.active = False
+            log.debug("worker %s: not looking for this stream's work elsewhere: %s", self.consumer, err)
+            return
+        if not found:
+            return
+        self.told.update(where for where, _ in found)
+        log.warning("worker %s: stream %r on %s has never had an entry, but %s", self.consumer, self.stream,
+                    _queue_where(self.client), "; and ".join(text for _, text in found))
+
+    def _beside(self) -> list[tuple[str, str]]:
+        """("stream NAME", what it holds and the option to start with) for each other stream of this
+        database with entries that no worker of the group has read, in a database of at most SCAN_KEYS keys."""
+        if int(self.client.dbsize()) > self.SCAN_KEYS:
+            return []
+        found = []
+        for key in self.client.scan_iter(count=1000, _type="stream"):
+            name = _text(key)
+            if name == self.stream or name.endswith(":dead"):
+                continue
+            length = int(self.client.xlen(name))
+            groups = self.client.xinfo_groups(name)
+            group = next((g for g in groups if _text(g["name"]) == self.group), None)
+            lag = group.get("lag") if group is not None else None
+            if not length or (group is not None and not (isinstance(lag, int) and lag > 0)) or (
+                    group is None and groups):
+                continue  # read by its workers (or by another group's): another fleet's stream
+            last = self.client.xrevrange(name, count=1)
+            fields = {_text(k) for k in (last[0][1] if last else {})}
+            if "instance_id" not in fields or "entry_id" in fields:
+                continue  # not a ready stream of layerflow's (another program's, or dead letters)
+            unread = f"{lag} not yet read by group {self.group!r}" if group is not None else "no group reads it"
+            found.append((f"stream {name}", f"stream {name!r} of that database has {length} entries ({unread}): "
+                                            f"if `layerflow submit --stream {name}` put its work there, start this "
+                                            f"worker with --stream {name}"))
+        return found
+
+    def _elsewhere(self) -> list[tuple[str, str]]:
+        """("db N", what it holds and the option to start with) for each other database of the server
+        whose key of the stream's name is a stream with entries."""
+        import redis
+
+        pool = self.client.connection_pool
+        kw = dict(pool.connection_kwargs)
+        own = int(kw.get("db") or 0)
+        dbs = sorted(int(str(name)[2:]) for name in self.client.info("keyspace") if str(name)[2:].isdigit())
+        found = []
+        for db in dbs:
+            if db == own:
+                continue
+            other_pool = redis.ConnectionPool(connection_class=pool.connection_class, **{**kw, "db": db})
+            other: Any = redis.Redis(connection_pool=other_pool)
+            try:
+                if _text(other.type(self.stream)) != "stream":
+                    continue
+                length = int(other.xlen(self.stream))
+                if not length:
+                    continue
+                group = next((g for g in other.xinfo_groups(self.stream) if _text(g["name"]) == self.group), None)
+                last = other.xrevrange(self.stream, count=1)  # which store its newest entry names
+                fields = last[0][1] if last else {}
+            finally:
+                other_pool.disconnect()
+            lag = group.get("lag") if group is not None else None
+            unread = f"{lag} not yet read by group {self.group!r}" if isinstance(lag, int) else (
+                f"no group {self.group!r} reads it" if group is None else "")
+            theirs = _text({_text(k): v for k, v in fields.items()}.get("store") or "")
+            named = re.fullmatch(r"redis db (\d+) prefix '([^']*)'", theirs)
+            if named:
+                todo = f"start this worker with --store {self._url(int(named[1]), named[2])}"
+            else:
+                todo = (f"start this worker with --queue {self._url(db)}"
+                        + (f" and the store `layerflow submit` used ({theirs})" if theirs else ""))
+            found.append((f"db {db}", f"database {db} of that server has a stream of that name with {length} entries"
+                              + (f" ({unread})" if unread else "") + (f" for the store {theirs}" if theirs else "")
+                              + f": `layerflow submit` put its work there; to run it, {todo}"))
+        return found
+
+
+    def _url(self, db: int, prefix: str = "layerflow") -> str:
+        """The URL of database ``db`` of the queue's server (its password masked), with the store's prefix."""
+        where = _queue_where(self.client)
+        named = "" if prefix == "layerflow" else f"prefix={prefix}"
+        if "://" not in where:  # a unix socket: its path
+            return f"unix://{where}?db={db}" + (f"&{named}" if named else "")
+        return f"{where.rsplit('/', 1)[0]}/{db}" + (f"?{named}" if named else "")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _outage(client: Any, err: BaseException) -> BaseException | None:
@@ -944,7 +1156,7 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
                 mark_begun(task_id, instance.version)
 
         instance.lease_check = still_ours
-    if instance.status not in AT_REST or (wake == "timer" and instance.status == "waiting"):
+    if instance.status not in AT_REST or (instance.status == "waiting" and (wake == "timer" or _due_now(instance))):
         if retry is not None:
             _note_retry(instance, entry_id, retry, begun)
         try:
@@ -967,6 +1179,18 @@ def _run_to_rest(engine: Engine, entry_id: str, instance_id: str, stats: WorkerS
         raise LayerflowError(f"instance {instance_id!r} is still {instance.status!r} after a run; it should "
                              f"be one of {', '.join(AT_REST)}")
     stats.statuses[instance.status] = stats.statuses.get(instance.status, 0) + 1
+
+
+def _due_now(instance: Instance) -> bool:
+    """Whether a waiting instance has a timer, or a confirmation's timeout, due by its clock: run, it fires
+    it. An entry that does not say ``wake`` may still be a due timer's wake-up (a dead letter from before
+    letters kept it, requeued; an entry of an older layerflow), and acknowledging it unrun would leave the
+    timer unfired until the scan queues that due time again, a day later."""
+    due = [w["due"] for w in instance.waiting_for if w.get("due") and w["kind"] in ("timer", "confirmation")]
+    if not due:
+        return False
+    now = datetime.fromtimestamp(instance.clock(), timezone.utc)
+    return any(_utc(d) <= now for d in due)
 
 
 def _waits_for(instance: Instance) -> str:
@@ -998,8 +1222,10 @@ def _note_retry(instance: Instance, entry_id: str, retry: Mapping[str, Any],
         who = "taken up again by this worker, whose earlier delivery"
     else:
         who = f"taken over from consumer {previous!r}, which" if previous else "taken over from a worker that"
+    # no mark: nothing was begun since that save (a read whose reply a dropped connection lost, a delivery
+    # given back), unless marking failed, which the queue's Redis being down for that one SET would take
     again = (f"activity {task!r}, begun then, runs again" if isinstance(task, str)
-             else "an activity begun then runs again")
+             else "no activity was marked begun since that save, so none runs again")
     log.warning("entry %s: instance %s %s did not finish it (delivery %s): running it again from its last save "
                 "(version %d); %s", entry_id, instance.id, who, retry.get("delivery"), instance.version, again)
     instance.main.record("retry", actor=str(consumer), data=data)
@@ -1014,7 +1240,8 @@ def _letter(entry_id: str, instance_id: str, consumer: str, group: str, err: Bas
         error_type, error = type(err).__name__, str(err)[:ERROR_CHARS]
     return {"instance_id": instance_id, "entry_id": entry_id, "error_type": error_type, "error": error,
             "consumer": consumer, "group": group, "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            **({"wake": wake} if wake else {}), **({"store": store} if store else {})}
+            **({"wake": wake} if wake else {}), **({"store": store} if store else {}),
+            "format": str(DEAD_LETTER_FORMAT)}
 
 
 def _log_dead(queue: _Queue, entry_id: str, instance_id: str, count: int, dead_id: str, letter: Mapping[str, str],

@@ -36,10 +36,10 @@ def _free_port() -> int:
 
 
 def serving(folder: Path, catalog: Path, token: str = TOKEN, *, store: str | None = None,
-            log: Path | None = None) -> Iterator[str]:
+            log: Path | None = None, extra: tuple[str, ...] = ()) -> Iterator[str]:
     """A ``layerflow serve`` process on a free port, serving ``catalog`` from a sqlite store in
     ``folder`` (or ``store``) with ``token``: yields its URL once it answers, stops it afterwards.
-    ``log``: a file its stderr goes to (line by line: readable while it runs)."""
+    ``log``: a file its stderr goes to (line by line: readable while it runs); ``extra``: more options."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("LAYERFLOW_API_TOKEN", "LAYERFLOW_MODEL_API_BASE")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -47,7 +47,7 @@ def serving(folder: Path, catalog: Path, token: str = TOKEN, *, store: str | Non
     errors = log.open("w") if log is not None else subprocess.PIPE
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
                              "--catalog", str(catalog), "--store", store or f"sqlite:///{folder / 'rest.db'}",
-                             "--log-level", "warning"], cwd=folder, env=env, stdin=subprocess.DEVNULL,
+                             "--log-level", "warning", *extra], cwd=folder, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=errors, text=True)
     url = f"http://127.0.0.1:{port}"
     try:

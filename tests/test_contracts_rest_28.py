@@ -148,7 +148,7 @@ def test_an_unexpected_error_answers_500_with_the_error_body(catalog: Any) -> No
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug")
 
-    app.state.service.list_instances = broken
+    app.state.service.instance_page = broken  # what GET /api/instances calls (list_instances before round 33)
     with TestClient(app, raise_server_exceptions=False) as c:
         r = c.get("/api/instances", headers=AUTH)
     assert r.status_code == 500, r.text

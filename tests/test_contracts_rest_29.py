@@ -118,7 +118,10 @@ def instances(served: Served) -> Instances:
 
 # ----------------------------------------------------------------------------- each listed code, earned
 
-Ask = tuple[str, Any] | tuple[str, Any, str]  # (path, body) or (path, None, raw body); the method is the route's
+# (path, body) or (path, None, raw body), or (path, body, None, headers); the method is the route's
+Ask = tuple[str, Any] | tuple[str, Any, str] | tuple[str, Any, None, dict[str, str]]
+STALE_TAG = {"If-Match": '"999"'}  # the version a change expects, as HTTP asks it: stale -> 412
+WEAK_TAG = {"If-Match": 'W/"1"'}  # no entity tag this API gives: 400
 SURROGATE = '{"x": {"nested": "\\ud800"}}'  # valid JSON, no text: no context can hold it
 
 
@@ -133,33 +136,41 @@ def _earning(i: Instances) -> dict[tuple[str, str], dict[int, Ask]]:
             400: (f"{gov}/compress", {"instance_id": i.wait, "action": "compress", "target_layers": ["L4"]}),
             404: (f"{gov}/compress", {"instance_id": i.wait, "action": "evaluate", "before_snapshot_id": "snap:no"}),
             409: (f"{gov}/compress", {"instance_id": i.join, "action": "compress"}),  # its branches are open
+            412: (f"{gov}/compress", {"instance_id": i.wait, "action": "compress"}, None, STALE_TAG),
             422: (f"{gov}/compress", {"instance_id": i.wait, "action": "squash"})},
         ("post", f"{gov}/inject"): {
             400: (f"{gov}/inject", None, f'{{"instance_id": "{i.wait}", "values": {SURROGATE}}}'),
             403: (f"{gov}/inject", {"instance_id": i.wait, "key": "policy", "value": "pay all"}),
             404: (f"{gov}/inject", {"instance_id": GONE, "key": "memo", "value": 1}),
             409: (f"{gov}/inject", {"instance_id": i.wait, "key": "memo", "value": 1, **stale}),
+            412: (f"{gov}/inject", {"instance_id": i.wait, "key": "memo", "value": 1}, None, STALE_TAG),
             422: (f"{gov}/inject", {"instance_id": i.wait, "key": "memo"})},
         ("post", f"{gov}/resolve"): {
             400: (f"{gov}/resolve", {"instance_id": i.join, "key": "claim_status", "value": "maybe", "reason": "r"}),
             404: (f"{gov}/resolve", {"instance_id": i.wait, "key": "claim_status", "value": "pay", "reason": "r"}),
             409: (f"{gov}/resolve", {"instance_id": i.join, "key": "claim_status", "value": "pay", "reason": "r",
                                      **stale}),
+            412: (f"{gov}/resolve", {"instance_id": i.join, "key": "claim_status", "value": "pay", "reason": "r"},
+                  None, STALE_TAG),
             422: (f"{gov}/resolve", {"instance_id": i.join, "key": "claim_status", "reason": "no value"})},
         ("post", f"{gov}/rollback"): {
             400: (f"{gov}/rollback", {"instance_id": i.docs, "snapshot_id": "twice"}),  # a label of two snapshots
             404: (f"{gov}/rollback", {"instance_id": i.wait, "snapshot_id": "snap:no"}),
             409: (f"{gov}/rollback", {"instance_id": i.wait, "snapshot_id": "snap:no", **stale}),
+            412: (f"{gov}/rollback", {"instance_id": i.wait, "snapshot_id": "snap:no"}, None, STALE_TAG),
             422: (f"{gov}/rollback", {"instance_id": i.wait})},
         ("post", f"{gov}/config"): {
             400: (f"{gov}/config", None, f'{{"instance_id": "{i.wait}", "activity_id": "close", '
                                          '"config": {"compressTokenThreshold": NaN}}'),
             404: (f"{gov}/config", {"instance_id": i.wait, "activity_id": "nowhere", "config": {}}),
             409: (f"{gov}/config", {"instance_id": i.wait, "activity_id": "close", "config": {}, **stale}),
+            412: (f"{gov}/config", {"instance_id": i.wait, "activity_id": "close", "config": {}}, None, STALE_TAG),
             422: (f"{gov}/config", {"instance_id": i.wait, "activity_id": "close",
                                     "config": {"compressTokenThreshold": "lots"}})},
-        ("post", f"{gov}/snapshot"): {404: (f"{gov}/snapshot", {"instance_id": GONE}),
+        ("post", f"{gov}/snapshot"): {400: (f"{gov}/snapshot", {"instance_id": i.wait}, None, WEAK_TAG),
+                                      404: (f"{gov}/snapshot", {"instance_id": GONE}),
                                       409: (f"{gov}/snapshot", {"instance_id": i.wait, **stale}),
+                                      412: (f"{gov}/snapshot", {"instance_id": i.wait}, None, STALE_TAG),
                                       422: (f"{gov}/snapshot", {"instance_id": i.wait, "lable": "x"})},
         ("post", f"{gov}/branch-evaluate"): {
             404: (f"{gov}/branch-evaluate", {"instance_id": i.join, "branch_id": "nobranch", "required_keys": ["k"]}),
@@ -186,22 +197,27 @@ def _earning(i: Instances) -> dict[tuple[str, str], dict[int, Ask]]:
             403: (f"/api/instances/{i.docs}/events", {"name": "docs_arrived", "payload": {"policy": "pay all"}}),
             404: (f"/api/instances/{GONE}/events", {"name": "docs_arrived"}),
             409: (f"/api/instances/{i.wait}/events", {"name": "docs_arrived"}),  # it waits for triage
+            412: (f"/api/instances/{i.docs}/events", {"name": "docs_arrived"}, None, STALE_TAG),
             422: (f"/api/instances/{i.docs}/events", {"name": "docs_arrived", "kind": "telegram"})},
         ("post", "/api/instances/{instance_id}/user-tasks/{task_id}"): {
             400: (f"/api/instances/{i.wait}/user-tasks/triage", None, f'{{"data": {SURROGATE}}}'),
             403: (f"/api/instances/{i.wait}/user-tasks/triage", {"data": {"policy": "pay all"}}),
             404: (f"/api/instances/{GONE}/user-tasks/triage", {"data": {}}),
             409: (f"/api/instances/{i.docs}/user-tasks/triage", {"data": {}}),  # done already
+            412: (f"/api/instances/{i.wait}/user-tasks/triage", {"data": {}}, None, STALE_TAG),
             422: (f"/api/instances/{i.wait}/user-tasks/triage", {"data": []})},
         ("post", "/api/instances/{instance_id}/resume"): {
             400: (f"/api/instances/{i.wait}/resume", {"answers": {"user_tasks": {"triag": {}}}}),
             403: (f"/api/instances/{i.wait}/resume", {"answers": {"user_tasks": {"triage": {"policy": "x"}}}}),
             404: (f"/api/instances/{GONE}/resume", {}),
             409: (f"/api/instances/{i.wait}/resume", stale),
+            412: (f"/api/instances/{i.wait}/resume", {}, None, STALE_TAG),
             422: (f"/api/instances/{i.wait}/resume", {"answers": {"usertasks": {}}})},
         ("post", "/api/instances/{instance_id}/cancel"): {
+            400: (f"/api/instances/{i.wait}/cancel", {"reason": "r"}, None, WEAK_TAG),
             404: (f"/api/instances/{GONE}/cancel", {"reason": "r"}),
             409: (f"/api/instances/{i.wait}/cancel", {"reason": "r", **stale}),
+            412: (f"/api/instances/{i.wait}/cancel", {"reason": "r"}, None, STALE_TAG),
             422: (f"/api/instances/{i.wait}/cancel", {})},
         ("get", "/api/instances/{instance_id}/tape"): {404: (f"/api/instances/{i.join}/tape?context=nosuch", None),
                                                        422: (f"/api/instances/{i.join}/tape?limit=0", None)},
@@ -211,6 +227,7 @@ def _earning(i: Instances) -> dict[tuple[str, str], dict[int, Ask]]:
             400: ("/api/confirmations/join/claim_status", {"value": "maybe"}),
             404: ("/api/confirmations/nowhere/nothing", {"value": "pay"}),
             409: ("/api/confirmations/join/claim_status", {"value": "pay", "instance_id": i.join, **stale}),
+            412: ("/api/confirmations/join/claim_status", {"value": "pay", "instance_id": i.join}, None, STALE_TAG),
             422: ("/api/confirmations/join/claim_status", {"reason": "no value"})},
         ("get", "/api/instance-summaries"): {422: ("/api/instance-summaries?limit=0", None)},
         ("get", "/api/instances/{instance_id}/diagram.svg"): {404: (f"/api/instances/{GONE}/diagram.svg", None),
@@ -222,9 +239,10 @@ def _earning(i: Instances) -> dict[tuple[str, str], dict[int, Ask]]:
     }
 
 
-def _ask(url: str, method: str, ask: Ask, **kw: Any) -> httpx.Response:
-    path, body, *raw = ask
-    return call(url, method, path, body, raw=raw[0] if raw else None, **kw)
+def _ask(url: str, method: str, ask: Ask, *, headers: dict[str, str] | None = None) -> httpx.Response:
+    path, body, *rest = ask
+    sent = {**(rest[1] if len(rest) > 1 else {}), **(headers or {})}
+    return call(url, method, path, body, raw=rest[0] if rest else None, headers=sent)
 
 
 def _kinds(openapi: dict[str, Any], method: str, path: str, code: int) -> str:

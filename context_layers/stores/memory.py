@@ -148,6 +148,11 @@ class MemoryStore:
             return [summary(iid, i.process_id, i.status, i.version, i.created, i.updated)
                     for iid, i in sorted(items, key=lambda kv: (kv[1].created, kv[0]))]
 
+    def count_instances(self) -> int:
+        """How many instances the store holds (not part of ``Store``: a worker's start line)."""
+        with self._lock:
+            return len(self._instances)
+
     def due_instances(self, until: float | datetime) -> list[InstanceSummary]:
         # every record came through _apply, so the index is whole: a scan of the instances
         # (no record decoded) is all an in-process store needs

@@ -471,6 +471,11 @@ class RedisStore:
             ids = self.redis.zrange(self._k("index"), 0, -1)
         return self._summaries(ids, status)
 
+    def count_instances(self) -> int:
+        """How many instances the store holds (one ZCARD; not part of ``Store``: a worker's start line)."""
+        with self._mapped():
+            return int(self.redis.zcard(self._k("index")))
+
     def due_instances(self, until: float | datetime) -> list[InstanceSummary]:
         bound = until_seconds(until)
         if not self._timer_index_ready:

@@ -289,6 +289,11 @@ class SQLiteStore:
             rows = self._conn().execute(sql + " ORDER BY created, id", args).fetchall()
         return [summary(r[0], r[1], r[2], int(r[3]), float(r[4]), float(r[5])) for r in rows]
 
+    def count_instances(self) -> int:
+        """How many instances the store holds (not part of ``Store``: a worker's start line)."""
+        with _mapped(self.path):
+            return int(self._conn().execute("SELECT COUNT(*) FROM instances").fetchone()[0])
+
     def due_instances(self, until: float | datetime) -> list[InstanceSummary]:
         bound = until_seconds(until)
         if not self._timer_index_ready:

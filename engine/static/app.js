@@ -228,10 +228,11 @@
         el("td", { "data-label": "Instance" }, el("a", { href: "#/instances/" + r.id, class: "mono" }, r.id)),
         el("td", { "data-label": "Process" }, r.process_id || "\u2014"),
         el("td", { "data-label": "Status" }, badge(r.status),
-           r.open_conflicts ? el("span", { class: "tag conflict-tag", text: r.open_conflicts + " conflict" + (r.open_conflicts > 1 ? "s" : "") }) : null),
+           r.open_conflicts ? el("span", { class: "tag conflict-tag", text: r.open_conflicts + " conflict" + (r.open_conflicts > 1 ? "s" : "") }) : null,
+           r.dead_letter ? el("span", { class: "tag conflict-tag", text: "dead letter " + r.dead_letter, title: "no worker runs it until it is requeued (layerflow worker dead / requeue)" }) : null),
         el("td", { "data-label": "Started" }, el("time", { datetime: r.started || "" }, when(r.started))),
         el("td", { "data-label": "Waiting for" }, waitingText(r.waiting_for)),
-        el("td", { "data-label": "Tokens", class: "num" }, String(r.tokens_total))));
+        el("td", { "data-label": "Tokens", class: "num" }, r.tokens_total == null ? "\u2014" : String(r.tokens_total))));
     }
     table.hidden = rows.length === 0;
     if (!rows.length) {

@@ -367,7 +367,7 @@ def _tape(api: httpx.Client, iid: str) -> tuple[int, int]:
 def test_rest_bad_input_names_what_is_wrong_and_changes_nothing(api: httpx.Client) -> None:
     """An outsider's mistakes against the waiting request: a form value not offered (400 with the
     field), a PROCESS fact in the answer (403 naming it), data that is no object (422), a task id
-    with a typo (409 naming what it waits for), an inject to HISTORY or with a layer typo, a resolve
+    with a typo (404 naming what it waits for), an inject to HISTORY or with a layer typo, a resolve
     of a conflict no join asks. Only the refusals the README says are recorded reach the tape."""
     started = api.post("/api/instances", json={"process_id": "prior_auth", "data": REQUEST})
     assert started.status_code == 201, started.text
@@ -377,7 +377,7 @@ def test_rest_bad_input_names_what_is_wrong_and_changes_nothing(api: httpx.Clien
         # the layer rule's `denied` write, and the `answer_refused` note naming the task (round 16)
         ("/api/instances/{iid}/user-tasks/clinical_review", {"data": {"necessity": "yes", "cost": 1}}, 403, "cost", 2),
         ("/api/instances/{iid}/user-tasks/clinical_review", {"data": "yes"}, 422, "data", 0),
-        ("/api/instances/{iid}/user-tasks/clinical_reveiw", {"data": {"necessity": "yes"}}, 409, "clinical_review", 0),
+        ("/api/instances/{iid}/user-tasks/clinical_reveiw", {"data": {"necessity": "yes"}}, 404, "clinical_review", 0),
         ("/api/context-governance/inject", {"instance_id": "{iid}", "key": "urgency", "value": "urgent",
                                             "layer": "L3"}, 403, "L3", 1),
         ("/api/context-governance/inject", {"instance_id": "{iid}", "key": "urgency", "value": "urgent",
