@@ -133,7 +133,8 @@ def _stated_otherwise(value: Any, stated: str) -> bool:
     stated = stated.lstrip(" \t\"'`")
     if isinstance(value, bool):
         word = re.match(r"\w+", stated)
-        return bool(word) and word.group(0).lower() in ("true", "false") and word.group(0).lower() != str(value).lower()
+        said = word.group(0).lower() if word is not None else ""
+        return said in ("true", "false") and said != str(value).lower()
     if isinstance(value, (int, float)):
         found = _NUMBER.match(stated.lstrip("$€£¥ "))
         if found is None:
