@@ -30,6 +30,7 @@ __all__ = [
     "build_summary_request",
     "cut_to_tokens",
     "fit_summary",
+    "misstated_keys",
     "value_text",
 ]
 
@@ -120,6 +121,50 @@ def cut_to_tokens(text: str, max_tokens: int, encoding: str = DEFAULT_ENCODING) 
     if count_text(text, encoding) <= max_tokens:
         return text
     return truncate_to_tokens(text, max_tokens, encoding)
+
+
+_NUMBER = re.compile(r"[-+]?\d[\d,_]*(?:\.\d+)?")
+
+
+def _stated_otherwise(value: Any, stated: str) -> bool:
+    """Whether the text that follows ``key:`` in a summary (``stated``) gives ``key`` another value than
+    ``value``. Only scalars are judged (an object or a list is written too many ways), and a number only
+    when the text gives one (``$1,200`` is 1200)."""
+    stated = stated.lstrip(" \t\"'`")
+    if isinstance(value, bool):
+        word = re.match(r"\w+", stated)
+        said = word.group(0).lower() if word is not None else ""
+        return said in ("true", "false") and said != str(value).lower()
+    if isinstance(value, (int, float)):
+        found = _NUMBER.match(stated.lstrip("$€£¥ "))
+        if found is None:
+            return False
+        try:
+            return float(found.group(0).replace(",", "").replace("_", "")) != float(value)
+        except ValueError:
+            return False
+    if isinstance(value, str) and value.strip():
+        text = value.strip()
+        after = stated[len(text):len(text) + 1]
+        return not stated.startswith(text) or after.isalnum() or after in ("-", "_")  # CLM-70 is not CLM-7
+    return False
+
+
+def misstated_keys(summary: str, facts: Mapping[str, Any]) -> list[str]:
+    """What ``summary`` states of the keys in ``facts`` (preserved keys and their values) that they do not
+    hold, in the ``key: value`` (or ``key = value``) form the text to summarize is written in: ``claim_ref:
+    CLM-999`` where ``claim_ref`` is ``CLM-7``. Preserved keys survive a compression unchanged; a summary shown
+    ahead of them that gives them other values would have the model read both. Empty when it misstates none."""
+    out = []
+    for key, value in facts.items():
+        for found in re.finditer(rf"(?<![\w.]){re.escape(key)}\s*[:=]\s*", summary):
+            stated = summary[found.end():]
+            if _stated_otherwise(value, stated):
+                shown = re.split(r"[.;,]\s|\n", stated, maxsplit=1)[0][:60].rstrip(" .,;")
+                out.append(f"it states {key}: {shown}, but {key} is {canonical_json(value)} (a preserved key, which a "
+                           "summary may name but not change)")
+                break
+    return out
 
 
 def fit_summary(text: str, max_tokens: int, encoding: str = DEFAULT_ENCODING) -> str:

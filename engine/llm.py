@@ -73,7 +73,7 @@ from context_layers.prefix import common_prefix_tokens, request_text
 from context_layers.render import RenderOptions, render
 from context_layers.tokens import DEFAULT_ENCODING, count_text
 
-from .answer import AnswerError, answer_contract, parse_answer
+from .answer import AnswerError, answer_contract, parse_answer, validate_schema
 from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
 from .model_limits import MODEL_LIMITS_KEY, ModelLimits, ModelLimitsError
 
@@ -97,6 +97,7 @@ __all__ = [
     "ToolOutcome",
     "activity_request",
     "call_recorder",
+    "declared_values",
     "load_litellm",
     "model_configured",
     "prompt_report",
@@ -1096,9 +1097,12 @@ class LiteLLMSummarizer(_Client):
     """
 
     system = "You write faithful, compact summaries of business-process records."
+    # preserved keys and their values (``ModelCompressor`` sets them): a summary that gives one of them
+    # another value (``claim_ref: CLM-999``) is asked for again, told which, and fails when the model insists
+    facts: Mapping[str, Any] = {}
 
     def summarize(self, text: str, max_tokens: int, *, prefix_messages: Sequence[Mapping[str, str]] | None = None) -> str:
-        from context_layers.summarize import build_summary_request, fit_summary
+        from context_layers.summarize import build_summary_request, fit_summary, misstated_keys
 
         messages = build_summary_request(prefix_messages, text, max_tokens)
         if not prefix_messages:
@@ -1107,7 +1111,11 @@ class LiteLLMSummarizer(_Client):
         def check(content: str | None) -> str:
             if not content or not content.strip():
                 raise AnswerError(["the summary is empty"], text=content or "")
-            return fit_summary(content, max_tokens)
+            summary = fit_summary(content, max_tokens)
+            wrong = misstated_keys(summary, self.facts)
+            if wrong:
+                raise AnswerError(wrong, text=content)
+            return summary
 
         return str(self._caller.run(messages, check, max_tokens=max_tokens, on_attempt=self.on_attempt,
                                     text_answer="the summary text"))
@@ -1138,10 +1146,49 @@ class LiteLLMPlanner(_Client):
 class LiteLLMArbiter(_Client):
     """``gateways.arbiter.ConflictArbiter`` through litellm: the gateway's prompt, transient
     retries here, the reply parsed by ``parse_arbiter_answer`` (a malformed one raises
-    ``ArbiterAnswerError``, which the resolution chain retries once)."""
+    ``ArbiterAnswerError``, which the resolution chain retries once).
+
+    ``value_schemas`` (the engine sets them from the process: ``declared_values``): key -> the
+    ``outputSchema`` property schemas of the steps that write it, by element id. A value the key may
+    not take under any of them (``partial`` where the steps' enum is approve, deny, refer; a payout
+    under their ``minimum``) is a malformed answer too: a decision, a suggestion a person is offered or
+    a timeout takes, it would be a value no step of the process could have written."""
+
+    value_schemas: Mapping[str, Sequence[tuple[str, Mapping[str, Any]]]] = {}
 
     def arbitrate(self, request: "ArbitrationRequest") -> "ArbitrationAnswer":
         from gateways.arbiter import ArbiterAnswerError, build_conflict_prompt, parse_arbiter_answer
 
         messages = [dict(m) for m in build_conflict_prompt(request)]
-        return self._parsed(messages, parse_arbiter_answer, ArbiterAnswerError, what="the join's")
+        answer = self._parsed(messages, parse_arbiter_answer, ArbiterAnswerError, what="the join's")
+        problem = self._undeclared(request.key, answer.final_value)
+        if problem is not None:
+            raise ArbiterAnswerError(problem, text=json.dumps(answer.model_dump(), ensure_ascii=False))
+        return answer
+
+    def _undeclared(self, key: str, value: Any) -> str | None:
+        from gateways.arbiter import from_json_value
+        from gateways.conflicts import DELETED
+
+        declared = self.value_schemas.get(key)
+        if not declared or from_json_value(value) is DELETED:
+            return None
+        problems = [validate_schema(value, schema, f"/{key}") for _, schema in declared]
+        if any(not p for p in problems):
+            return None
+        steps = ", ".join(element for element, _ in declared)
+        return (f"final_value {json.dumps(value, ensure_ascii=False)} is not a value {key!r} may take "
+                f"({'; '.join(problems[0])}: the outputSchema of {steps}); answer a value it allows")
+
+
+def declared_values(configs: Mapping[str, ActivityExtensionConfig]) -> dict[str, list[tuple[str, Mapping[str, Any]]]]:
+    """Key -> ``(element id, property schema)`` of every step whose ``llm.outputSchema`` declares the key
+    (``LiteLLMArbiter.value_schemas``), in element id order."""
+    out: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    for element in sorted(configs):
+        llm = configs[element].llm
+        props = (llm.output_schema or {}).get("properties") if llm is not None else None
+        for key, schema in (props.items() if isinstance(props, Mapping) else ()):
+            if isinstance(schema, Mapping):
+                out.setdefault(str(key), []).append((element, schema))
+    return out

@@ -46,7 +46,7 @@ from context_layers.compression_plan import CompressionPlanRejected, execute_pla
 from context_layers.config import ActivityExtensionConfig, LLMConfig
 from context_layers.context import LayeredContext
 from context_layers.errors import ModelError
-from context_layers.hooks import RedactSetting, redact_lines, secret_key
+from context_layers.hooks import RedactSetting, redact_for_model, redact_lines, secret_key
 from context_layers.summarize import ExtractiveSummarizer
 
 from .llm import Completion, LiteLLMPlanner, LiteLLMSummarizer, RetryPolicy, activity_request, call_recorder
@@ -64,6 +64,20 @@ def _limits(ctx: LayeredContext) -> ModelLimits:
         return ModelLimits.of(ctx)
     except ModelLimitsError:
         return ModelLimits()
+
+
+def _preserved_facts(ctx: LayeredContext, redact: RedactSetting) -> dict[str, Any]:
+    """The preserved keys the context holds, with their values, that a model summary is checked against
+    (``misstated_keys``): those a model may be shown (no secret: its correction would tell the value)."""
+    facts: dict[str, Any] = {}
+    for key in sorted(ctx.preserved):
+        value = ctx.get(key, _ABSENT)
+        if value is not _ABSENT and not secret_key(key, redact) and redact_for_model(value, redact) == value:
+            facts[key] = value
+    return facts
+
+
+_ABSENT = object()
 
 
 class ModelCompressor(RuleDrivenCompressor):
@@ -88,6 +102,7 @@ class ModelCompressor(RuleDrivenCompressor):
         if sleep is not None:
             client["sleep"] = sleep
         self.model_summarizer = LiteLLMSummarizer(model, **client)
+        self.model_summarizer.facts = _preserved_facts(ctx, redact)
         self.model_summarizer.on_attempt = call_recorder(
             ctx, task_id=task_id, endpoint=self.model_summarizer.endpoint, attempts=self.model_summarizer.attempts,
             actor=task_id, purpose="summary")

@@ -433,7 +433,8 @@ class Engine:
     ``retriever``: replaces the BM25 default (one per process folder).
     ``model``: the model name for activities with ``llm`` config (none: offline handlers), and
     for the compression after any activity (summaries; plans with ``compressionPlanner: model``).
-    ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``).
+    ``arbiter``: a ``gateways.ConflictArbiter`` for join conflicts (default: built from ``model``, else
+    from the join's own ``llm.model``).
     ``progress(instance, task_id, context)``: called after every completed activity (one that threw a
     BPMN error that something catches too: the context's last tape event, its ``complete``, has
     ``"status": "error_thrown"``).
@@ -1022,14 +1023,17 @@ class Engine:
         """The model that settles join conflicts (``gateways.ConflictArbiter``), if any.
 
         Given to the constructor, or built by ``engine.llm`` (``LiteLLMArbiter``) when a
-        model is configured, with the join's ``llm`` settings (``maxRetries``, ``timeout``,
-        ``apiBase``, ...); else None: conflicts go to policy, then to a person.
+        model is configured (``model``, else the join's own ``llm.model``, as a step's and a
+        gateway's condition model are), with the join's ``llm`` settings (``maxRetries``,
+        ``timeout``, ``apiBase``, ...); else None: conflicts go to policy, then to a person.
         """
-        if self.arbiter is not None or self.model is None:
+        if self.arbiter is not None or (self.model is None and (llm is None or not llm.model)):
             return self.arbiter
-        from .llm import LiteLLMArbiter  # imports litellm only when a model call happens
+        from .llm import LiteLLMArbiter, declared_values  # imports litellm only when a model call happens
 
-        return LiteLLMArbiter.from_config(llm, model_override=self.model)
+        arbiter = LiteLLMArbiter.from_config(llm, model_override=self.model)
+        arbiter.value_schemas = declared_values(process.configs)
+        return arbiter
 
     def compression_model(self, cfg: ActivityExtensionConfig | None) -> str | None:
         """The model that summarizes (and, with ``compressionPlanner: model``, plans) the

@@ -493,10 +493,42 @@ def _unreachable(err: BaseException) -> bool:
     return bool(getattr(err, "unreachable", False)) or isinstance(err, (ConnectionError, TimeoutError))
 
 
-def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest,
-               steps: list[ResolutionStep]) -> tuple[Resolution | None, str | None]:
-    """The model's resolution (``needs_human`` when it escalates), or ``None`` when it failed; and,
-    when the model could not be reached at all, what the failure was (the join then asks it no more)."""
+def _model_values(conflict: MergedConflict, config: ActivityExtensionConfig) -> list[Any]:
+    """The values ``conflict`` is about, whose JSON types the model's value must have one of: those a
+    person would be offered (the branches' values, the merged object, the join's fitting ``humanConfirm``
+    options and default), the values the join's ``conflictPolicy`` gives the key (its rules' and its
+    ranking's) and the value before the split. (A value of such a type that none of them is, a
+    compromise such as ``medium`` between ``low`` and ``high``, is the model's to choose; the steps'
+    ``outputSchema`` bounds it, ``engine.llm.LiteLLMArbiter``.)"""
+    offered = build_human_request(conflict, gateway_id="", config=config).options
+    values = [from_json_value(o["value"]) for o in offered if o["value"] != ESCALATE]
+    policy = config.conflict_policy
+    if policy is not None:
+        values += [from_json_value(r.value) for r in policy.rules if fnmatch.fnmatchcase(conflict.key, r.key)]
+        values += [from_json_value(v) for v in policy.rankings.get(conflict.key, ())]
+    if conflict.base_value is not DELETED:
+        values.append(conflict.base_value)
+    return [v for i, v in enumerate(values) if not any(same_value(v, w) for w in values[:i])]
+
+
+def _mistyped(value: Any, allowed: Sequence[Any], key: str) -> str | None:
+    """Why ``value`` cannot be the value of ``key`` at all (a JSON type none of ``allowed`` has: the
+    text ``"1200"`` for a payout the branches gave as numbers), or None. Such a value is a malformed
+    answer, not a suggestion: a person offered it, or a timeout taking it, would write the wrong type."""
+    forms = sorted({json_type(v) for v in allowed if v is not DELETED})
+    if value is DELETED or not forms or json_type(value) in forms:
+        return None
+    shown = ", ".join(_show(v) for v in allowed if v is not DELETED)
+    return (f"final_value {_show(value)} is a {json_type(value)}, and the values of {key!r} are of JSON type "
+            f"{' or '.join(forms)} ({shown}): answer with one of them, written as JSON of that type")
+
+
+def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest, steps: list[ResolutionStep], *,
+               allowed: Sequence[Any] = ()) -> tuple[Resolution | None, str | None]:
+    """The model's resolution (``needs_human`` when it escalates), or ``None`` when it failed; and, when
+    the model could not be reached at all, what the failure was (the join then asks it no more). A
+    malformed answer (one of a JSON type none of ``allowed`` has included) is asked again once, the model
+    shown its reply and what was wrong."""
     key = request.key
     for attempt in (1, 2):
         try:
@@ -504,13 +536,17 @@ def _ask_model(arbiter: ConflictArbiter, request: ArbitrationRequest,
             if not isinstance(answer, ArbitrationAnswer):  # an arbiter of the application's own, wrongly typed
                 raise ArbiterAnswerError(f"{type(arbiter).__name__}.arbitrate() returned a {type(answer).__name__}, "
                                          "not a gateways.ArbitrationAnswer", text=repr(answer))
+            value = from_json_value(answer.final_value)
+            mistyped = _mistyped(value, allowed, key)
+            if mistyped is not None:
+                raise ArbiterAnswerError(mistyped, text=json.dumps(answer.model_dump(), ensure_ascii=False))
         except ArbiterAnswerError as err:
             steps.append(ResolutionStep(key, "model", "failed", f"attempt {attempt}: {err}"))
+            request = request.corrected(err.text, err.problem)
             continue
         except Exception as err:  # any model failure falls through to a person; the step says why
             steps.append(ResolutionStep(key, "model", "failed", f"{type(err).__name__}: {err}"))
             return None, f"{type(err).__name__}: {err}" if _unreachable(err) else None
-        value = from_json_value(answer.final_value)
         if answer.escalate:
             steps.append(ResolutionStep(key, "model", "escalated", f"{_show(value)}: {answer.rationale}"))
             return Resolution(value, "model", answer.rationale, needs_human=True), None
@@ -671,7 +707,8 @@ def resolve_conflicts(
                 related=_related(conflict, policy, variables, related),
                 policy_text=_policy_text(policy, variables),
                 layer=None if conflict.layer is None else str(conflict.layer))
-            found, failure = _ask_model(arbiter, _redacted(request, config.redact), steps)
+            found, failure = _ask_model(arbiter, _redacted(request, config.redact), steps,
+                                         allowed=_model_values(conflict, config))
             if failure is not None:
                 # every retry of the client is spent on each key in turn otherwise, for the same outage
                 down = (f"{MODEL_NOT_ASKED} for {key!r} at this join ({failure}), so it is asked no more for "
