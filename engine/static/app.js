@@ -459,7 +459,7 @@
           ...fields.map((f) => el("li", { "data-field": f.id },
             el("code", { text: f.id }), " ", f.label && f.label !== f.id ? f.label + " " : "",
             "(" + [f.type, f.required ? "required" : "optional",
-                   f.options ? "one of " + f.options.map((o) => JSON.stringify(o.id)).join(", ") : null,
+                   f.options ? "one of " + f.options.map(choice).join(", ") : null,
                    f.format ? "format " + f.format : null,
                    f.min !== undefined ? "min " + f.min : null, f.max !== undefined ? "max " + f.max : null,
                    f.default !== null && f.default !== undefined ? "default " + JSON.stringify(f.default) : null,
@@ -470,6 +470,12 @@
         el("label", { for: dataId }, "Data (a JSON object; its keys go to the task's WORKING layer)"),
         area, error, el("div", { class: "options" }, submit)));
     });
+  }
+
+  // an option as the answer takes it (its id, in JSON) and, when the modeler named it, by that name
+  function choice(o) {
+    const name = o.name === undefined || o.name === null ? "" : String(o.name);
+    return JSON.stringify(o.id) + (name && name !== String(o.id) ? " (" + name + ")" : "");
   }
 
   async function completeTask(t, area, error, button) {

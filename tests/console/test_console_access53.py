@@ -1,0 +1,110 @@
+"""Outsider round 53: approvers of an access request who use only the web console.
+
+The process (``tests/outsider_access53/access53.bpmn``): a manager's approval as a user task
+with a Camunda form (a required boolean, a required enum whose choices have names, a number
+with bounds and a default), then a security review beside an automatic entitlement check that
+settle the access level differently, a person picks it at the join, provisioning grants it.
+
+A busy approver expects: the form's choices by the names the modeler gave them, a wrong answer
+refused on the page naming the field, a justification holding ``<script>`` and quotes shown as
+text, a double click that submits once, a typed answer that survives a reload, and a page that
+follows what another approver did in another tab.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from console_helpers import Server, chromium, serve
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parents[1] / "outsider_access53"
+TOKEN = "access53-token-7c1d"
+WAIT = 15_000  # ms: the longest any single step may take
+JUSTIFICATION = '<script>window.__xss53 = 1</script> needs "CRM" access & <b>now</b>'
+REQUEST = {"requester": "ann", "system": "crm", "justification": JUSTIFICATION}
+
+
+@pytest.fixture(scope="module")
+def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("console-access53")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_module: Path) -> Iterator[Any]:
+    with chromium(tmp_module, default_timeout=WAIT) as ctx:
+        yield ctx
+
+
+@pytest.fixture(scope="module")
+def server(tmp_module: Path, browser: Any) -> Iterator[Server]:
+    catalog = tmp_module / "access53"
+    shutil.copytree(HERE, catalog)
+    with serve(tmp_module, TOKEN, catalog=catalog) as s:
+        yield s
+
+
+class Approver:
+    """One approver's tab: signed in as the README says; records dialogs and page errors."""
+
+    def __init__(self, browser: Any, server: Server, name: str) -> None:
+        from playwright.sync_api import expect
+
+        expect.set_options(timeout=WAIT)
+        self.server, self.page = server, browser.new_page()
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(server.url + "/")
+        self.page.get_by_label("API token").fill(TOKEN)
+        self.page.get_by_label("Your name").fill(name)
+        self.page.get_by_role("button", name="Sign in").click()
+        self.page.locator("#list-view").wait_for(state="visible")
+
+    def open(self, iid: str) -> Any:
+        self.page.goto(f"{self.server.url}/#/instances/{iid}")
+        self.page.locator("#inst-title").filter(has_text=iid).wait_for()
+        self.page.locator("#inst-body").wait_for(state="visible")
+        return self.page
+
+    def assert_clean(self) -> None:
+        assert self.dialogs == [] and self.errors == []
+        assert self.page.evaluate("window.__xss53") is None
+        assert self.page.locator("main script, main b").count() == 0
+
+
+def start(server: Server) -> str:
+    doc = server.api("POST", "/api/instances", json={"process_id": "access53", "data": REQUEST})
+    assert [w["task_id"] for w in doc["waiting_for"]] == ["manager_approval"], doc
+    return str(doc["instance_id"])
+
+
+def user_inputs(server: Server, iid: str) -> list[Any]:
+    tape = server.api("GET", f"/api/instances/{iid}/tape", params={"kind": "note"})
+    return [e for e in tape["events"] if e.get("data", {}).get("note") == "user_input"]
+
+
+def test_the_form_names_its_choices_and_refuses_wrong_data(server: Server, browser: Any) -> None:
+    from playwright.sync_api import expect
+
+    iid = start(server)
+    ann = Approver(browser, server, "Ann Manager")
+    page = ann.page
+    page.locator("#instances a", has_text=iid).click()
+    card = page.locator("#ut-list .user-task")
+    expect(card).to_have_count(1)
+    text = card.inner_text()
+    print(text)
+    level = card.locator("li[data-field=access_level]")
+    assert "Access level" in level.inner_text() and "required" in level.inner_text()
+    # the enum's choices by the names the modeler gave them, beside the values to enter
+    for name in ("Read only", "Read and write", "Administrator"):
+        assert name in level.inner_text(), level.inner_text()
+    ann.assert_clean()
