@@ -100,11 +100,74 @@ def test_the_form_names_its_choices_and_refuses_wrong_data(server: Server, brows
     page.locator("#instances a", has_text=iid).click()
     card = page.locator("#ut-list .user-task")
     expect(card).to_have_count(1)
-    text = card.inner_text()
-    print(text)
     level = card.locator("li[data-field=access_level]")
     assert "Access level" in level.inner_text() and "required" in level.inner_text()
     # the enum's choices by the names the modeler gave them, beside the values to enter
     for name in ("Read only", "Read and write", "Administrator"):
         assert name in level.inner_text(), level.inner_text()
     ann.assert_clean()
+
+    # wrong data: a required field left out, a choice that is no option, a number out of bounds
+    area = card.locator("textarea")
+    assert json.loads(area.input_value()) == {"valid_days": 30}
+    complete = card.locator("button", has_text="Complete")
+    complete.click()
+    expect(card.locator(".error")).to_contain_text("field 'approved' is required and missing")
+    expect(complete).to_be_enabled()
+    area.fill('{"approved": "yes", "access_level": "root", "valid_days": 900}')
+    complete.click()
+    error = card.locator(".error")
+    expect(error).to_contain_text("field 'valid_days' 900 is above the maximum 365")
+    for said in ("field 'approved' \"yes\" is not true or false", "field 'access_level' \"root\" is not one of"):
+        assert said in error.inner_text()
+    expect(complete).to_be_enabled()
+    assert server.api("GET", f"/api/instances/{iid}")["status"] == "waiting"
+
+    # right data, with a busy approver's double click: one answer on the tape
+    area = page.locator("#ut-list .user-task textarea")
+    area.fill('{"approved": true, "access_level": "admin", "valid_days": 90}')
+    page.locator("#ut-list .user-task button", has_text="Complete").dblclick()
+    page.locator("#confirmations article").first.wait_for()
+    assert [e["actor"] for e in user_inputs(server, iid)] == ["Ann Manager"]
+    # the approver is told the answer went in (not only when the page last refreshed)
+    expect(page.locator("#inst-state")).to_contain_text("Completed Manager approval")
+    ann.assert_clean()
+
+
+def approved(server: Server) -> str:
+    """An access request the manager approved (by REST): it waits at the join."""
+    iid = start(server)
+    doc = server.api("POST", f"/api/instances/{iid}/user-tasks/manager_approval",
+                     json={"data": {"approved": True, "access_level": "admin"}, "user": "Ann Manager"})
+    assert [w["id"] for w in doc["waiting_for"]] == ["join/granted_level"], doc["waiting_for"]
+    return iid
+
+
+def test_the_join_is_answered_once_and_the_other_tab_follows(server: Server, browser: Any) -> None:
+    from playwright.sync_api import expect
+
+    iid = approved(server)
+    bo, cy = Approver(browser, server, "Bo Security"), Approver(browser, server, "Cy Security")
+    first, other = bo.open(iid), cy.open(iid)
+    card = first.locator("#confirmations article")
+    expect(card).to_have_count(1)
+    # the key was not set before the split: "not set", not JSON's null (a value a branch could hold)
+    expect(card.locator("dl.values .base dd")).to_have_text("not set")
+    assert "was null" not in first.locator("#diagram svg").inner_html()
+    card.locator("textarea").fill('admin rights need a second approver: "write" for now')
+    card.get_by_role("button", name="\"write\"").dblclick()
+    first.locator("#inst-status", has_text="completed").wait_for()
+    expect(first.locator("#inst-state")).to_contain_text("Answered join/granted_level")
+    tape = server.api("GET", f"/api/instances/{iid}/tape", params={"kind": "human_decision"})
+    assert [(e["actor"], e["data"].get("value")) for e in tape["events"]] == [("Bo Security", "write")]
+    assert server.api("GET", f"/api/instances/{iid}")["layers"]["L3"]["provisioned"] == "crm:write:30d"
+    # the other tab follows without a reload: the decision card goes, the status is completed
+    other.locator("#inst-status", has_text="completed").wait_for()
+    expect(other.locator("#confirmations")).to_be_hidden()
+    # the tape names the person and the reason; the justification is text in the layers
+    decision = first.locator("#tape-list li.kind-human_decision")
+    expect(decision).to_contain_text("Bo Security")
+    expect(decision).to_contain_text('admin rights need a second approver: "write" for now')
+    expect(first.locator("#layer-tables")).to_contain_text("<script>window.__xss53")
+    expect(first.locator("#diagram svg .node.state-current")).to_have_count(0)
+    bo.assert_clean(); cy.assert_clean()
