@@ -384,7 +384,8 @@
     return el("dl", { class: "values" },
       Object.entries(conflict.values).map(([branch, v]) =>
         el("div", {}, el("dt", { text: branch }), el("dd", { class: "mono", text: preview(v, 120) }))),
-      el("div", { class: "base" }, el("dt", { text: "at the split" }), el("dd", { class: "mono", text: preview(conflict.base_value, 120) })));
+      el("div", { class: "base" }, el("dt", { text: "at the split" }), conflict.base_absent
+        ? el("dd", { class: "hint", text: "not set" }) : el("dd", { class: "mono", text: preview(conflict.base_value, 120) })));
   }
 
   async function answer(c, option, reason, error, group) {
@@ -402,8 +403,9 @@
         body: { value: option.value, reason: text, user: sessionStorage.getItem(USER_KEY) || "console",
                 instance_id: state.instanceId, expected_version: state.doc ? state.doc.version : null } });
       delete state.drafts[c.id];
-      setState($("inst-state"), "Answered " + c.id + " with " + preview(option.value, 60) + "; the instance is now " + result.status + ".", "ok");
+      // said after the reload, which would otherwise replace it with "Updated ..." at once
       await loadInstance(true);
+      setState($("inst-state"), "Answered " + c.id + " with " + preview(option.value, 60) + "; the instance is now " + result.status + ".", "ok");
       $("inst-state").focus();
     } catch (err) {
       if (err.status === 401) return;
@@ -494,8 +496,8 @@
         body: { data: data, user: sessionStorage.getItem(USER_KEY) || "console",
                 expected_version: state.doc ? state.doc.version : null } });
       delete state.drafts["task:" + t.id];
+      await loadInstance(true);  // first, as in answer(): its "Updated ..." would replace what is said
       setState($("inst-state"), "Completed " + (t.name || t.task_id) + "; the instance is now " + result.status + ".", "ok");
-      await loadInstance(true);
       $("inst-state").focus();
     } catch (err) {
       if (err.status === 401) return;

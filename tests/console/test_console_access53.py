@@ -153,6 +153,8 @@ def test_the_join_is_answered_once_and_the_other_tab_follows(server: Server, bro
     expect(card).to_have_count(1)
     # the key was not set before the split: "not set", not JSON's null (a value a branch could hold)
     expect(card.locator("dl.values .base dd")).to_have_text("not set")
+    expect(first.locator("#diagram svg")).to_contain_text("Conflict on granted_level")
+    expect(first.locator("#diagram svg")).to_contain_text("not set before")
     assert "was null" not in first.locator("#diagram svg").inner_html()
     card.locator("textarea").fill('admin rights need a second approver: "write" for now')
     card.get_by_role("button", name="\"write\"").dblclick()
