@@ -173,3 +173,47 @@ def test_the_join_is_answered_once_and_the_other_tab_follows(server: Server, bro
     expect(first.locator("#layer-tables")).to_contain_text("<script>window.__xss53")
     expect(first.locator("#diagram svg .node.state-current")).to_have_count(0)
     bo.assert_clean(); cy.assert_clean()
+
+
+def test_a_stale_tab_is_told_the_task_was_done(server: Server, browser: Any) -> None:
+    """Two managers have the request open; one completes it. The other, whose tab has not
+    refreshed yet, submits: the refusal stays on screen (the card it was written in goes)."""
+    from playwright.sync_api import expect
+
+    iid = start(server)
+    ann, dee = Approver(browser, server, "Ann Manager"), Approver(browser, server, "Dee Manager")
+    first, late = ann.open(iid), dee.open(iid)
+    late.uncheck("#inst-auto")  # its refresh has not come yet when Dee submits
+    expect(late.locator("#ut-list .user-task")).to_have_count(1)
+    first.locator("#ut-list .user-task textarea").fill('{"approved": true, "access_level": "read"}')
+    first.locator("#ut-list .user-task button", has_text="Complete").click()
+    first.locator("#inst-status", has_text="completed").wait_for()
+
+    late.locator("#ut-list .user-task textarea").fill('{"approved": false, "access_level": "read"}')
+    late.locator("#ut-list .user-task button", has_text="Complete").click()
+    late.locator("#inst-status", has_text="completed").wait_for()
+    said = late.locator("[role=alert]:visible, [role=status]:visible").filter(has_text="was not")
+    expect(said.first).to_be_visible()
+    assert [e["actor"] for e in user_inputs(server, iid)] == ["Ann Manager"]
+    ann.assert_clean(); dee.assert_clean()
+
+
+def test_what_an_approver_typed_survives_a_reload(server: Server, browser: Any) -> None:
+    from playwright.sync_api import expect
+
+    iid = approved(server)
+    bo = Approver(browser, server, "Bo Security")
+    page = bo.open(iid)
+    reason = page.locator("#confirmations article textarea")
+    reason.fill("checked with the CRM owner")
+    page.reload()
+    page.locator("#inst-body").wait_for(state="visible")
+    expect(page.locator("#confirmations article textarea")).to_have_value("checked with the CRM owner")
+
+    other = start(server)
+    page = bo.open(other)
+    page.locator("#ut-list .user-task textarea").fill('{"approved": true, "access_level": "write"}')
+    page.reload()
+    page.locator("#inst-body").wait_for(state="visible")
+    expect(page.locator("#ut-list .user-task textarea")).to_have_value('{"approved": true, "access_level": "write"}')
+    bo.assert_clean()
