@@ -217,3 +217,28 @@ def test_what_an_approver_typed_survives_a_reload(server: Server, browser: Any) 
     page.locator("#inst-body").wait_for(state="visible")
     expect(page.locator("#ut-list .user-task textarea")).to_have_value('{"approved": true, "access_level": "write"}')
     bo.assert_clean()
+
+
+def test_the_form_is_filled_in_by_its_fields_not_as_json(server: Server, browser: Any) -> None:
+    """A busy approver picks the choices by name in the form's own controls; the data sent is
+    what they picked (the JSON below follows them, for keys the form does not declare)."""
+    from playwright.sync_api import expect
+
+    iid = start(server)
+    eve = Approver(browser, server, "Eve Manager")
+    page = eve.open(iid)
+    card = page.locator("#ut-list .user-task")
+    level = card.get_by_label("Access level")
+    assert [o.strip() for o in level.locator("option").all_inner_texts()] == \
+        ["choose\u2026", "Read only", "Read and write", "Administrator"]
+    expect(card.get_by_label("Valid for (days)")).to_have_value("30")
+    card.get_by_label("Approve the request").select_option(label="Yes")
+    level.select_option(label="Read and write")
+    card.get_by_label("Valid for (days)").fill("14")
+    assert json.loads(card.locator("textarea").input_value()) == \
+        {"approved": True, "access_level": "write", "valid_days": 14}
+    card.locator("button", has_text="Complete").click()
+    page.locator("#confirmations article").first.wait_for()
+    assert server.api("GET", f"/api/instances/{iid}")["layers"]["L3"]["access_level"] == "write"
+    assert [e["actor"] for e in user_inputs(server, iid)] == ["Eve Manager"]
+    eve.assert_clean()
