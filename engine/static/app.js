@@ -467,6 +467,9 @@
         else if (f.default !== null && f.default !== undefined) start[f.id] = f.default;
       }
       area.value = state.drafts["task:" + t.id] || JSON.stringify(start);
+      const controls = fields.map((f, i) => fieldControl(f, dataId + "-" + i, area, t));
+      area.addEventListener("input", () => showData(area, controls));
+      showData(area, controls);
       const error = el("p", { id: errId, class: "error", role: "alert", hidden: !state.taskErrors[t.id],
                               text: state.taskErrors[t.id] || null });
       delete state.taskErrors[t.id];
@@ -476,8 +479,8 @@
         el("h3", { id: "ut-h-" + n }, t.name || t.task_id, " ", el("code", { text: t.task_id })),
         t.documentation ? el("p", { class: "message", text: t.documentation }) : null,
         fields.length ? el("ul", { class: "form-fields", "aria-label": "Form fields (" + (t.form.source || "form") + ")" },
-          ...fields.map((f) => el("li", { "data-field": f.id },
-            el("code", { text: f.id }), " ", f.label && f.label !== f.id ? f.label + " " : "",
+          ...fields.map((f, i) => el("li", { "data-field": f.id },
+            el("label", { for: controls[i].id }, el("code", { text: f.id }), " ", f.label && f.label !== f.id ? f.label + " " : ""),
             "(" + [f.type, f.required ? "required" : "optional",
                    f.options ? "one of " + f.options.map(choice).join(", ") : null,
                    f.format ? "format " + f.format : null,
@@ -485,11 +488,63 @@
                    f.default !== null && f.default !== undefined ? "default " + JSON.stringify(f.default) : null,
                    f.readonly ? "read-only: keep the value shown" : null]
               .filter(Boolean).join(", ") + ")",
-            f.warning ? el("span", { class: "warning", text: " " + f.warning }) : null))) : null,
+            f.warning ? el("span", { class: "warning", text: " " + f.warning }) : null, " ", controls[i]))) : null,
         t.form && t.form.form_key ? el("p", { class: "message", text: "Form " + t.form.form_key + " (" + t.form.source + ")" }) : null,
-        el("label", { for: dataId }, "Data (a JSON object; its keys go to the task's WORKING layer)"),
+        el("label", { for: dataId }, fields.length
+          ? "All the data as JSON (the fields above fill it in; any other key goes to the task's WORKING layer too)"
+          : "Data (a JSON object; its keys go to the task's WORKING layer)"),
         area, error, el("div", { class: "options" }, submit)));
     });
+  }
+
+  // A form field's control: a choice by name (an enum's options, yes/no), a number, a text. It
+  // edits its key in the task's JSON data, which stays what is sent (and holds any other key).
+  function fieldControl(f, id, area, t) {
+    const type = String(f.type || "").toLowerCase();
+    const numeric = ["long", "integer", "int", "double", "number", "float"].includes(type);
+    let control;
+    if ((f.options && f.options.length) || type === "boolean") {
+      const options = f.options && f.options.length ? f.options : [{ id: true, name: "Yes" }, { id: false, name: "No" }];
+      control = el("select", { id: id },
+        el("option", { value: "", text: f.required ? "choose…" : "(none)" }),
+        options.map((o) => el("option", { value: json(o.id),
+                                          text: o.name === undefined || o.name === null || o.name === "" ? String(o.id) : String(o.name) })));
+    } else {
+      control = el("input", { id: id, type: numeric ? "number" : "text", step: numeric ? (type === "long" || type.startsWith("int") ? "1" : "any") : null,
+                              min: numeric && f.min !== undefined ? f.min : null, max: numeric && f.max !== undefined ? f.max : null,
+                              placeholder: f.format || null, required: f.required || null });
+    }
+    control.dataset.field = f.id;
+    control.disabled = !!f.readonly;
+    control.addEventListener(control.tagName === "SELECT" ? "change" : "input", () => {
+      let data;
+      try { data = JSON.parse(area.value || "{}"); } catch (e) { data = null; }
+      if (data === null || typeof data !== "object" || Array.isArray(data)) return;  // Complete says what is wrong
+      const raw = control.value;
+      if (raw === "") delete data[f.id];
+      else if (control.tagName === "SELECT") data[f.id] = JSON.parse(raw);
+      else data[f.id] = numeric && !isNaN(Number(raw)) ? Number(raw) : raw;
+      area.value = JSON.stringify(data);
+      setDraft("task:" + t.id, area.value);
+    });
+    return control;
+  }
+
+  // the controls show what the JSON data holds (as it starts, a draft, what was typed there)
+  function showData(area, controls) {
+    let data;
+    try { data = JSON.parse(area.value || "{}"); } catch (e) { return; }
+    if (data === null || typeof data !== "object" || Array.isArray(data)) return;
+    for (const control of controls) {
+      if (document.activeElement === control) continue;
+      const v = data[control.dataset.field];
+      if (control.tagName === "SELECT") {
+        const want = v === undefined ? "" : json(v);
+        control.value = Array.from(control.options).some((o) => o.value === want) ? want : "";
+      } else {
+        control.value = v === undefined || v === null ? "" : typeof v === "string" ? v : json(v);
+      }
+    }
   }
 
   // an option as the answer takes it (its id, in JSON) and, when the modeler named it, by that name
