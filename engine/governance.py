@@ -76,6 +76,7 @@ from context_layers.errors import (
     ConfigError,
     ContextKeyError,
     ContextWriteDenied,
+    ProcessError,
     LayerflowError,
     VersionConflict,
 )
@@ -1708,9 +1709,17 @@ class GovernanceService:
         the instance's document, plus ``started``."""
         from .correlate import find
 
-        ids = [args.process_id] if args.process_id else list(self.catalog.entries())
-        processes = (self.catalog.load(pid) for pid in ids)  # loaded only when no instance takes it
-        target = find(self.engine, args.name, args.payload, match=args.match, process=processes)
+        def processes() -> Iterator[Process]:  # loaded only when no instance takes the message
+            if args.process_id:
+                yield self.catalog.load(args.process_id)  # unknown: 404; broken: 422
+                return
+            for pid in self.catalog.entries():
+                try:
+                    yield self.catalog.load(pid)
+                except (ProcessError, ConfigError):
+                    continue  # a broken file of the catalog starts nothing (`layerflow serve` named it)
+
+        target = find(self.engine, args.name, args.payload, match=args.match, process=processes())
         if isinstance(target, Instance):
             doc = self._run_on(target.id, None, lambda instance: self.engine.send_event(
                 instance, args.name, args.payload, actor=actor))
