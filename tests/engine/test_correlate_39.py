@@ -193,3 +193,22 @@ def test_rest_messages(tmp_path: Path) -> None:
         assert bad.status_code == 422
         spec = local_http.get(f"{url}/openapi.json").json()["paths"]["/api/messages"]["post"]["responses"]
         assert {"200", "404", "409", "422"} <= set(spec)
+
+
+def test_bpmn_correlation_properties_pick_the_instance_without_match(engine: Engine, tmp_path: Path) -> None:
+    """SpiffWorkflow's correlation keys, fixed by each instance's first message, decide too: the second
+    message carrying CL-2 goes to the instance whose first one carried CL-2."""
+    from tests.engine.test_events import CORRELATED
+
+    path = tmp_path / "correlated.bpmn"
+    path.write_text(CORRELATED)
+    process = load_process(path)
+    ids = {}
+    for claim_id in ("CL-1", "CL-2"):
+        instance = engine.run(engine.start(process))
+        ids[claim_id] = engine.send_event(instance, "documents_received", {"claim_id": claim_id, "n": 1}).id
+    done = engine.correlate("documents_received", {"claim_id": "CL-2", "n": 2})
+    assert done.id == ids["CL-2"] and done.status == "completed"
+    assert engine.load(ids["CL-1"]).status == "waiting"
+    with pytest.raises(ContextKeyError, match="its correlation keys refuse this payload"):
+        engine.correlate("documents_received", {"claim_id": "CL-2", "n": 3})
