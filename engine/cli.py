@@ -1303,8 +1303,8 @@ def correlate(name: str, matches: tuple[str, ...], data_file: str | None, json_p
     engine = _engine(store, model, out, as_json, create=bool(processes))
     try:
         target = find(engine, name, payload, match=match, process=processes)
-    except LayerflowError as err:
-        _governance_fail(err, as_json, prefix=f"message {name!r}: ")
+    except LayerflowError as err:  # its message names the message
+        _governance_fail(err, as_json)
     started = isinstance(target, Process)
     instance_id = uuid.uuid4().hex[:12] if isinstance(target, Process) else target.id
     with _holding(engine, instance_id, as_json):  # as send: never beside a worker or another command

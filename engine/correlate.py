@@ -110,6 +110,7 @@ def find(engine: Engine, name: str, payload: Any = None, *, match: Mapping[str, 
     if not isinstance(name, str) or not name:
         raise BadRequest(f"the message's name must be a non-empty string, got {name!r}")
     wanted = check_match(match)
+    asked = f"with match {wanted}" if wanted else "without match"
     hits: list[Instance] = []
     others: list[str] = []  # instances that wait for the message, with what they hold
     for iid in waiting_rows(engine.store, name):
@@ -131,7 +132,7 @@ def find(engine: Engine, name: str, payload: Any = None, *, match: Mapping[str, 
     if len(hits) > 1:
         ids = ", ".join(i.id for i in hits)
         raise InstanceStateError(
-            f"message {name!r} matches {len(hits)} waiting instances ({ids}) with match {wanted}: it is for one; "
+            f"message {name!r} matches {len(hits)} waiting instances ({ids}) {asked}: it is for one; "
             "add match keys that tell them apart (--match KEY=VALUE), or send it to one by id "
             f"(`layerflow send ID {name}`)")
     if hits:
@@ -147,6 +148,6 @@ def find(engine: Engine, name: str, payload: Any = None, *, match: Mapping[str, 
     starts = (f"and no process given ({', '.join(p.id for p in given)}) starts on it" if given
               else "and no process was given to start on it")
     raise ContextKeyError(
-        f"no waiting instance takes message {name!r} with match {wanted}: {waits}; {starts}. Check the match "
+        f"no waiting instance takes message {name!r} {asked}: {waits}; {starts}. Check the match "
         "values (`layerflow inspect ID` shows an instance's context), or name a process whose message start "
         f"event is {name!r}")
