@@ -34,7 +34,8 @@ that is not an object, a value that is not JSON, a key of the engine's own (a jo
 ``event_refused`` note), a key the layer rules refuse in any of the catching contexts. A refused key is recorded on the tape of that context (the
 ``denied`` event every refused write leaves), nothing else changes.
 
-An event is sent to one instance, by its id. A message with correlation properties
+An event is sent to one instance, by its id (``engine.correlate`` finds that instance among the
+waiting ones of a store, by the message's name and the values its context holds). A message with correlation properties
 is handed to SpiffWorkflow with its payload and correlation keys, as another process
 would send it: the first one fixes the instance's keys, a later one with other keys is
 not caught (SpiffWorkflow keeps that payload in the task's internal data too).
