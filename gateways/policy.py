@@ -366,21 +366,29 @@ def build_human_request(
                 break
         else:
             groups.append((value, [branch]))
+    configured_options = _config_options(config)
+
+    def named(value: Any) -> str:
+        """``NAME: `` of the config's option for ``value`` when it gives one (``Read only`` for "read")."""
+        return next((f"{o['label']}: " for o in configured_options
+                     if same_value(o["value"], value) and o["label"] != _show(o["value"])), "")
+
     suggested_is_option = False
     for value, branches in groups:
-        label = f"{_show(value)} (from {', '.join(branches)})"
+        label = f"{named(value)}{_show(value)} (from {', '.join(branches)})"
         if suggestion is not None and same_value(value, suggestion.value):
             label += f", suggested by {suggestion.resolver}"
             suggested_is_option = True
         options.append({"label": label, "value": jsonable(value)})
     if suggestion is not None and not suggested_is_option:
-        options.append({"label": f"{_show(suggestion.value)} (suggested by {suggestion.resolver}: {suggestion.reason})",
+        options.append({"label": f"{named(suggestion.value)}{_show(suggestion.value)} (suggested by "
+                                 f"{suggestion.resolver}: {suggestion.reason})",
                         "value": jsonable(suggestion.value)})
     merged = _merged_entries(conflict)
     if merged is not None and not any(same_value(o["value"], merged) for o in options):
         options.append({"label": f"{_show(merged)} (every branch's entries merged)", "value": jsonable(merged)})
     hc = config.human_confirm
-    for extra in _config_options(config):
+    for extra in configured_options:
         if any(same_value(o["value"], extra["value"]) for o in options):
             continue  # offered already (a branch's value or the suggestion)
         if not default_fits(extra["value"], conflict, suggestion):

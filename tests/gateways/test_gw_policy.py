@@ -19,6 +19,7 @@ from gateways import (
     HumanRequest,
     InvalidAnswerError,
     MergedConflict,
+    Resolution,
     UnsafeExpressionError,
     build_conflict_prompt,
     build_human_request,
@@ -330,6 +331,20 @@ def test_human_request_groups_agreeing_branches_and_adds_extra_options() -> None
     unset = build_human_request(MergedConflict("s", DELETED, {"a": "x", "b": "y"}, ("a", "b")), gateway_id="g",
                                 config=config())
     assert "disagree on 's' (not set before the split): a wants" in unset.message
+
+
+def test_a_branch_value_the_config_names_keeps_the_configured_label() -> None:
+    # The join's options named the levels ("Read only"); a branch bringing "read" replaced that name by
+    # the bare value, so the person saw `"read" (from security)` and never the name the config gave it.
+    conflict = MergedConflict("level", "none", {"security": "read", "auto": "admin"}, ("security", "auto"))
+    cfg = config(humanConfirm={"options": [{"label": "Read only", "value": "read"}, {"label": "Administrator", "value": "admin"},
+                                           {"label": "Read and write", "value": "write"}, "none"]})
+    request = build_human_request(conflict, gateway_id="g", config=cfg,
+                                  suggestion=Resolution("admin", "policy", "the rule says so"))
+    assert [o["label"] for o in request.options] == [
+        'Read only: "read" (from security)', 'Administrator: "admin" (from auto), suggested by policy',
+        "Read and write", '"none"', "escalate (stop the instance for an administrator)"]
+    assert [o["value"] for o in request.options] == ["read", "admin", "write", "none", ESCALATE]
 
 
 # ---- a conflict a person was already asked about ----------------------------------------------
