@@ -44,6 +44,7 @@ from .governance import (
     Catalog,
     CompressArgs,
     ConfigArgs,
+    CorrelateArgs,
     GovernanceService,
     InjectArgs,
     InstanceId,
@@ -236,6 +237,10 @@ class StartRequest(StartArgs, _Body):  # _Body: its camelCase names in the schem
 
 class SendEventRequest(SendEventArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     expected_version: int | None = Field(default=None, ge=1, description="the version you read; stale -> 409")
+    user: str | None = _who("who sends it (recorded on the tape as the actor)")
+
+
+class CorrelateRequest(CorrelateArgs, _Body):  # _Body: its camelCase names in the schema (_Args._camel_case)
     user: str | None = _who("who sends it (recorded on the tape as the actor)")
 
 
@@ -642,6 +647,8 @@ ROUTE_ERRORS: dict[str, tuple[str, ...]] = {
               "invalid_answer", "permission_denied", "store_unavailable"),
     "document": _LOADED,
     "send_event": _WRITTEN,
+    # none takes the message: 404 naming what waits; several: 409 naming them; a catalog process it starts
+    "correlate": (*_WRITTEN, "bad_request", "invalid_process", "invalid_config"),
     "complete_user_task": (*_CHANGED, "permission_denied", "invalid_answer"),
     "resume": (*_ANSWERED, "permission_denied"),
     "cancel": _CHANGED,
@@ -1083,6 +1090,17 @@ def create_app(store: str | Engine | GovernanceService | None = None, catalog_di
         version = _expected(body.expected_version, if_match)
         args = SendEventArgs.model_validate(_args(body, SendEventArgs))
         return _etag(response, s.send_event(instance_id, args, expected_version=version, actor=body.user or "api"))
+
+    @app.post("/api/messages", tags=["instances"], response_model=None,
+              responses=document_responses("correlate"))
+    def correlate(body: CorrelateRequest, response: Response, s: GovernanceService = Depends(svc)) -> dict[str, Any]:
+        """Send a BPMN message to the one waiting instance it is meant for, found by correlation, not by
+        id: its catch waits for ``name``, takes the payload's correlation properties, and its context
+        holds every ``match`` value; the instance runs on. None does: a catalog process (``process_id``,
+        else any) whose message start event is ``name`` is started and gets it (``"started": true``);
+        else 404, naming what waits for the message with which values. Several: 409, naming them."""
+        args = CorrelateArgs.model_validate(_args(body, CorrelateArgs))
+        return _etag(response, s.correlate(args, actor=body.user or "api"))
 
     @app.post("/api/instances/{instance_id}/user-tasks/{task_id}", tags=["instances"], response_model=None,
               responses=document_responses("complete_user_task"))

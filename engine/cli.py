@@ -1236,14 +1236,7 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
     The payload's keys go to WORKING of the context that catches it (one key, when the BPMN
     names a messageVariable), through the layer rules; HISTORY records event:<catch id>."""
     out = _Out(as_json)
-    if data_file is not None and json_payload is not None:
-        _fail("give the payload with --data FILE or --json-payload TEXT, not both", as_json=as_json)
-    payload: Any = _read_mapping(data_file, "payload", as_json) if data_file is not None else None
-    if json_payload is not None:
-        try:
-            payload = json.loads(json_payload)
-        except ValueError as err:
-            _fail(f"--json-payload is not valid JSON: {err}", as_json=as_json)
+    payload = _payload(data_file, json_payload, as_json)
     engine = _engine(store, model, out, as_json, create=False)
     with _holding(engine, instance_id, as_json):  # as resume: never beside a worker or another command
         instance = _acting_on(_load(engine, instance_id, as_json))
@@ -1254,6 +1247,83 @@ def send(instance_id: str, name: str, data_file: str | None, json_payload: str |
             _governance_fail(err, as_json, prefix=f"{kind} {name!r}: ", instance=instance)
         for notice in instance.notices:  # the files changed since it started, as `resume` says
             out.info(f"layerflow: {notice}")
+        _summary(out, instance, store)
+        sys.exit(_exit_code(instance))
+
+
+def _payload(data_file: str | None, json_payload: str | None, as_json: bool) -> Any:
+    """``send``'s and ``correlate``'s payload: ``--data FILE`` or ``--json-payload TEXT``."""
+    if data_file is not None and json_payload is not None:
+        _fail("give the payload with --data FILE or --json-payload TEXT, not both", as_json=as_json)
+    payload: Any = _read_mapping(data_file, "payload", as_json) if data_file is not None else None
+    if json_payload is not None:
+        try:
+            payload = json.loads(json_payload)
+        except ValueError as err:
+            _fail(f"--json-payload is not valid JSON: {err}", as_json=as_json)
+    return payload
+
+
+@main.command()
+@click.argument("name")
+@click.option("--match", "matches", multiple=True, metavar="KEY=VALUE",
+              help="a context value the instance must hold (JSON, else text); repeat for several keys")
+@click.option("--data", "data_file", default=None, metavar="FILE",
+              help="the payload: a JSON or YAML file, - (stdin) or an inline JSON object")
+@click.option("--json-payload", "json_payload", default=None, metavar="TEXT", help="the payload as JSON text")
+@click.option("--process", "process_files", multiple=True, metavar="FILE",
+              help="a BPMN file whose process starts on message NAME: started when no waiting instance takes it")
+@_store_option
+@_model_option
+@_json_option
+def correlate(name: str, matches: tuple[str, ...], data_file: str | None, json_payload: str | None,
+              process_files: tuple[str, ...], store: str | None, model: str | None, as_json: bool) -> None:
+    """Send message NAME to the one waiting instance it is meant for, then run it on.
+
+    The instance is found, not named: it waits for NAME, takes the payload's correlation
+    properties, and holds every --match KEY=VALUE in the context that waits. None does: an
+    instance of a --process whose message start event is NAME is started and gets it.
+    Exit codes and --json as `send`; several instances, or none, are refused (exit 2)."""
+    from .correlate import find
+    from .process import Process
+
+    out = _Out(as_json)
+    payload = _payload(data_file, json_payload, as_json)
+    match: dict[str, Any] = {}
+    for item in matches:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            _fail(f"--match {item!r}: give KEY=VALUE (a context key and the value it must hold)", as_json=as_json)
+        try:
+            match[key] = json.loads(text)
+        except ValueError:
+            match[key] = text
+    processes = []
+    for file in process_files:
+        try:
+            processes.append(load_process(file))
+        except LayerflowError as err:
+            _fail(str(err), as_json=as_json, kind=err.kind)
+    engine = _engine(store, model, out, as_json, create=bool(processes))
+    try:
+        target = find(engine, name, payload, match=match, process=processes)
+    except LayerflowError as err:  # its message names the message
+        _governance_fail(err, as_json)
+    started = isinstance(target, Process)
+    instance_id = uuid.uuid4().hex[:12] if isinstance(target, Process) else target.id
+    with _holding(engine, instance_id, as_json):  # as send: never beside a worker or another command
+        if isinstance(target, Process):
+            instance = _acting_on(engine.run(engine.start(target, instance_id=instance_id)))
+        else:
+            instance = _acting_on(_load(engine, instance_id, as_json))
+        try:
+            instance = engine.send_event(instance, name, payload, actor="cli")
+        except LayerflowError as err:
+            _governance_fail(err, as_json, prefix=f"message {name!r}: ", instance=instance)
+        for notice in instance.notices:  # the files changed since it started, as `send` says
+            out.info(f"layerflow: {notice}")
+        out.info(f"layerflow: message {name!r} " + (f"started instance {instance.id} of {instance.process_id}"
+                                                      if started else f"went to instance {instance.id}"))
         _summary(out, instance, store)
         sys.exit(_exit_code(instance))
 

@@ -157,6 +157,7 @@ class ConflictMark:
     values: Mapping[str, Any]
     resolution: Mapping[str, Any] | None = None
     cancelled: bool = False
+    base_absent: bool = False  # the key was not set at the split (``base_value`` None stands for that)
 
     @property
     def open(self) -> bool:
@@ -500,7 +501,8 @@ def marks_of(instance: Any) -> Marks:
 
     conflicts = tuple(
         ConflictMark(str(c.get("gateway_id")), str(c.get("key")), c.get("base_value"),
-                     dict(c.get("values") or {}), c.get("resolution"), bool(c.get("cancelled")))
+                     dict(c.get("values") or {}), c.get("resolution"), bool(c.get("cancelled")),
+                     bool(c.get("base_absent")))
         for c in getattr(instance, "conflicts", ()) or ())
     return Marks(frozenset(done - current), frozenset(current), frozenset(failed), frozenset(waiting), conflicts)
 
@@ -709,7 +711,7 @@ def _callouts(diagram: Diagram, marks: Marks) -> list[_CallOut]:
         if mark.resolution is not None:
             lines.append(f"\u2192 {_short(mark.resolution.get('value'))} ({mark.resolution.get('resolver', '?')})")
         else:
-            lines.append(f"was {_short(mark.base_value)}")
+            lines.append("not set before" if mark.base_absent else f"was {_short(mark.base_value)}")
         w = max(7.6 * max(len(line) for line in lines) + 20, 150.0)
         h = 16.0 * len(lines) + 12
         y = below.get(mark.gateway_id, node.y + node.h + 30)

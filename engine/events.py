@@ -34,7 +34,8 @@ that is not an object, a value that is not JSON, a key of the engine's own (a jo
 ``event_refused`` note), a key the layer rules refuse in any of the catching contexts. A refused key is recorded on the tape of that context (the
 ``denied`` event every refused write leaves), nothing else changes.
 
-An event is sent to one instance, by its id. A message with correlation properties
+An event is sent to one instance, by its id (``engine.correlate`` finds that instance among the
+waiting ones of a store, by the message's name and the values its context holds). A message with correlation properties
 is handed to SpiffWorkflow with its payload and correlation keys, as another process
 would send it: the first one fixes the instance's keys, a later one with other keys is
 not caught (SpiffWorkflow keeps that payload in the task's internal data too).
@@ -61,7 +62,7 @@ from context_layers.errors import ContextValueError, ContextWriteDenied
 from . import spiff
 from .gateway_steps import ENGINE_KEY_RULE, is_engine_key
 
-__all__ = ["EVENT_KINDS", "Catch", "catch_thrown", "conditional_members", "deliver", "describe_waiting", "kind_of", "waiting_catches", "waiting_items"]
+__all__ = ["EVENT_KINDS", "Catch", "catch_thrown", "conditional_members", "deliver", "describe_waiting", "kind_of", "takers", "waiting_catches", "waiting_items"]
 
 EVENT_KINDS = ("message", "signal")
 
@@ -383,6 +384,22 @@ def _refused_at(err: ContextWriteDenied, c: Catch, kind: str, name: str) -> Cont
     return refused
 
 
+def takers(workflow: Any, name: str, payload: Any, *, kind: str = "message"
+           ) -> tuple[list[Catch], BpmnEvent | None, list[Catch]]:
+    """Who would take event ``name`` with ``payload``: the catches waiting for its name, the event
+    SpiffWorkflow is handed, and those of the catches that catch it (SpiffWorkflow's own test: a
+    boundary event catches only while it waits, a correlated message only with the instance's keys).
+    Changes nothing; a payload without the message's correlation properties raises ``BadRequest``."""
+    from .governance import BadRequest  # the engine's error tree (governance imports runtime)
+
+    named = [c for c in waiting_catches(workflow) if c.kind == kind and c.name == name]
+    event = _event(workflow, named[0].definition, payload, BadRequest) if named else None
+    if event is None:
+        return named, None, []
+    return named, event, [c for c in named if c.task is None or
+                          (c.task.task_spec.catches(c.task, event) and c.definition.catches(c.task, event))]
+
+
 def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: str, payload: Any, *,
             kind: str, actor: str, instance_id: str, waiting_for: Sequence[Mapping[str, Any]]) -> list[Catch]:
     """Deliver a message or signal: check everything, let SpiffWorkflow catch the event, then
@@ -398,12 +415,7 @@ def deliver(workflow: Any, contexts: MutableMapping[str, LayeredContext], name: 
 
     if kind not in EVENT_KINDS:
         raise ValueError(f"kind={kind!r}: use 'message' or 'signal'")
-    named = [c for c in waiting_catches(workflow) if c.kind == kind and c.name == name]
-    event = _event(workflow, named[0].definition, payload, BadRequest) if named else None
-    catches = named
-    if event is not None:  # SpiffWorkflow's own test (e.g. a boundary event only catches while it waits)
-        catches = [c for c in named if c.task is None or
-                   (c.task.task_spec.catches(c.task, event) and c.definition.catches(c.task, event))]
+    named, event, catches = takers(workflow, name, payload, kind=kind)
     if event is None or not catches:
         _refuse_uncorrelated(named, event, workflow, kind, name, instance_id, InstanceStateError)
         raise InstanceStateError(f"instance {instance_id} does not wait for {kind} {name!r}; it waits for: "

@@ -76,6 +76,7 @@ from context_layers.errors import (
     ConfigError,
     ContextKeyError,
     ContextWriteDenied,
+    ProcessError,
     LayerflowError,
     VersionConflict,
 )
@@ -102,6 +103,7 @@ __all__ = [
     "CompressArgs",
     "ConfigArgs",
     "ConfirmOption",
+    "CorrelateArgs",
     "GovernanceService",
     "HumanConfirmArgs",
     "InjectArgs",
@@ -693,6 +695,22 @@ class SendEventArgs(_Args):
     payload: Any = Field(default=None, description="a JSON object: its keys go to WORKING of the context that catches "
                                                    "the event (the whole payload as one key, when the BPMN names a "
                                                    "messageVariable)")
+
+
+class CorrelateArgs(_Args):
+    """A BPMN message for the one waiting instance it is meant for, found by its correlation (not by id);
+    none: an instance of a catalog process that starts on it is started."""
+
+    name: str = Field(min_length=1, max_length=500, description="the message's name, as the BPMN names it")
+    payload: Any = Field(default=None, description="a JSON object: its keys go to WORKING of the context that catches "
+                                                   "the message (the whole payload as one key, when the BPMN names a "
+                                                   "messageVariable)")
+    match: dict[str, Any] = Field(default_factory=dict, description="context keys and the values the instance must "
+                                                                    "hold in the context that waits (Zeebe's "
+                                                                    "correlation key, Camunda's business key)")
+    process_id: str | None = Field(default=None, min_length=1, description="the catalog process to start when no "
+                                                                           "waiting instance takes the message (default: "
+                                                                           "any catalog process that starts on it)")
 
 
 class UserTaskArgs(_Args):
@@ -1683,6 +1701,35 @@ class GovernanceService:
         payload key is on the tape of the catching context already (the engine saved it)."""
         return self._run_on(instance_id, expected_version, lambda instance: self.engine.send_event(
             instance, args.name, args.payload, kind=args.kind, actor=actor))
+
+    def correlate(self, args: CorrelateArgs, *, actor: str = "operator") -> dict[str, Any]:
+        """``Engine.correlate`` with the catalog: the message goes to the one waiting instance whose
+        catch takes it and whose context holds ``match``, under its lease; none: a catalog process
+        (``process_id``, else any) that starts on the message is started and gets it. The reply is
+        the instance's document, plus ``started``."""
+        from .correlate import find
+
+        def processes() -> Iterator[Process]:  # loaded only when no instance takes the message
+            if args.process_id:
+                yield self.catalog.load(args.process_id)  # unknown: 404; broken: 422
+                return
+            for pid in self.catalog.entries():
+                try:
+                    yield self.catalog.load(pid)
+                except (ProcessError, ConfigError):
+                    continue  # a broken file of the catalog starts nothing (`layerflow serve` named it)
+
+        target = find(self.engine, args.name, args.payload, match=args.match, process=processes())
+        if isinstance(target, Instance):
+            doc = self._run_on(target.id, None, lambda instance: self.engine.send_event(
+                instance, args.name, args.payload, actor=actor))
+            return {**doc, "started": False}
+        instance_id = uuid.uuid4().hex[:12]
+        with self._lock(instance_id):
+            instance = self.engine.start(target, instance_id=instance_id)
+            instance.main.record("started", actor=actor, data={"process_id": target.id, "via": "correlate"})
+            instance = self.engine.send_event(self.engine.run(instance), args.name, args.payload, actor=actor)
+        return {**_ran(instance), "started": True}
 
     def complete_user_task(self, instance_id: str, task_id: str, args: UserTaskArgs, *,
                            expected_version: int | None = None, actor: str = "operator") -> dict[str, Any]:

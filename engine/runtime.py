@@ -794,6 +794,26 @@ class Engine:
         self._save(instance)
         return self._run_on(instance) if run else instance
 
+    def correlate(self, name: str, payload: Any = None, *, match: Mapping[str, Any] | None = None,
+                  process: Process | Iterable[Process] | None = None, actor: str = "operator",
+                  run: bool = True) -> Instance:
+        """Deliver message ``name`` to the one waiting instance of the store it is meant for, not named
+        by id (message correlation, ``engine.correlate``): the instance whose catch waits for ``name``,
+        takes the payload's correlation properties, and whose context holds the values of ``match``
+        (``{"claim_id": "CL-1042"}``) there; then ``send_event`` and run on. No instance takes it: an
+        instance of ``process`` (one, or several to choose from) whose message start event is ``name``
+        is started and gets it. Returns the instance it reached.
+
+        Several instances take it: ``InstanceStateError`` naming their ids; none, and no process to
+        start: ``ContextKeyError`` naming what waits for the message with which values. Nothing is
+        changed by either."""
+        from .correlate import find
+
+        target = find(self, name, payload, match=match, process=process)
+        if isinstance(target, Process):
+            target = self.run(self.start(target))  # waits at its message start event
+        return self.send_event(target, name, payload, actor=actor, run=run)
+
     def _run_on(self, instance: Instance) -> Instance:
         """Run on after an answer or an event, saying (``notices``) what of its files changed since the
         instance started, as ``resume`` does: an answer is no moment to believe an edit applies."""

@@ -198,7 +198,7 @@ def test_a_store_outage_answers_503_on_every_route_that_lists_it(outage: tuple[T
                 body = {"process_id": "simple28"}
             elif path.endswith("/cancel"):
                 body = {"reason": "r"}
-            elif path.endswith("/events"):
+            elif path.endswith("/events") or path == "/api/messages":
                 body = {"name": "m"}
             elif path.startswith("/api/confirmations/"):
                 body = {"value": "v"}

@@ -100,20 +100,22 @@ class Instances:
     wait: str   # waits at user task triage
     docs: str   # waits for message docs_arrived; two snapshots labelled "twice"
     join: str   # waits at the join for a person (confirmation join/claim_status), its branches open
+    ref: str    # waits for message docs_arrived, as docs does; started with {"ref": "m29"} (POST /api/messages)
 
 
 @pytest.fixture(scope="module")
 def instances(served: Served) -> Instances:
     url = served.url
     wait, docs, join = (_started(url) for _ in range(3))
-    for iid in (docs, join):
+    ref = _started(url, data={"ref": "m29"})
+    for iid in (docs, join, ref):
         assert call(url, "post", f"/api/instances/{iid}/user-tasks/triage", {"data": {}}).status_code == 200
     r = call(url, "post", f"/api/instances/{join}/events", {"name": "docs_arrived", "payload": {}})
     assert r.json()["waiting_for"][0]["id"] == "join/claim_status", r.text
     for _ in range(2):  # one label on two snapshots: a rollback to it cannot tell which is meant
         taken = call(url, "post", "/api/context-governance/snapshot", {"instance_id": docs, "label": "twice"})
         assert taken.status_code == 200, taken.text
-    return Instances(wait, docs, join)
+    return Instances(wait, docs, join, ref)
 
 
 # ----------------------------------------------------------------------------- each listed code, earned
@@ -192,6 +194,12 @@ def _earning(i: Instances) -> dict[tuple[str, str], dict[int, Ask]]:
             422: ("/api/instances", {"process_id": "broken29"})},
         ("get", "/api/instances/{instance_id}"): {404: (f"/api/instances/{GONE}", None),
                                                   422: ("/api/instances/not%20an%20id", None)},
+        ("post", "/api/messages"): {  # docs and ref wait for docs_arrived; ref alone holds "ref"
+            400: ("/api/messages", None, f'{{"name": "docs_arrived", "match": {{"ref": "m29"}}, "payload": {SURROGATE}}}'),
+            403: ("/api/messages", {"name": "docs_arrived", "match": {"ref": "m29"}, "payload": {"policy": "pay all"}}),
+            404: ("/api/messages", {"name": "docs_arrived", "match": {"ref": "none"}, "process_id": "claim27"}),
+            409: ("/api/messages", {"name": "docs_arrived"}),  # two instances take it
+            422: ("/api/messages", {"name": "docs_arrived", "match": [1]})},
         ("post", "/api/instances/{instance_id}/events"): {
             400: (f"/api/instances/{i.docs}/events", None, f'{{"name": "docs_arrived", "payload": {SURROGATE}}}'),
             403: (f"/api/instances/{i.docs}/events", {"name": "docs_arrived", "payload": {"policy": "pay all"}}),

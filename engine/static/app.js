@@ -9,6 +9,7 @@
 (function () {
   const TOKEN_KEY = "layerflow.token";
   const USER_KEY = "layerflow.user";
+  const DRAFTS_KEY = "layerflow.drafts.";  // + instance id: what was typed there, kept across a reload
   const REFRESH_MS = 5000;
   const FINAL = ["completed", "cancelled"];  // statuses that never change again
   // The attention thresholds fire in one direction each (DESIGN.md "Compression").
@@ -37,6 +38,19 @@
       node.append(c instanceof Node ? c : document.createTextNode(String(c)));
     }
     return node;
+  }
+
+  // Drafts (a decision's reason, a task's data) live in the tab's session storage, as the token
+  // does: a reload, or a look at another instance and back, keeps what the approver typed.
+  function loadDrafts(id) {
+    try { return JSON.parse(sessionStorage.getItem(DRAFTS_KEY + id) || "{}") || {}; } catch (e) { return {}; }
+  }
+
+  function setDraft(key, value) {
+    if (value === undefined) delete state.drafts[key]; else state.drafts[key] = value;
+    if (!state.instanceId) return;
+    if (Object.keys(state.drafts).length) sessionStorage.setItem(DRAFTS_KEY + state.instanceId, JSON.stringify(state.drafts));
+    else sessionStorage.removeItem(DRAFTS_KEY + state.instanceId);
   }
 
   function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); return node; }
@@ -129,6 +143,8 @@
 
   function signOut(message) {
     sessionStorage.removeItem(TOKEN_KEY);
+    for (const key of Object.keys(sessionStorage)) if (key.startsWith(DRAFTS_KEY)) sessionStorage.removeItem(key);
+    state.drafts = {};
     stopTimers();
     state.doc = null; state.tape = []; state.replay = null;
     for (const id of ["list-view", "instance-view"]) $(id).hidden = true;
@@ -250,8 +266,10 @@
 
   function showInstance(id) {
     if (state.instanceId !== id) {
-      state.doc = null; state.tape = []; state.context = "main"; state.replay = null; state.drafts = {};
+      state.doc = null; state.tape = []; state.context = "main"; state.replay = null; state.drafts = loadDrafts(id);
       $("inst-body").hidden = true;
+      // the last instance's cards would otherwise hand their drafts to this one's (same question ids)
+      clear($("conf-list")); clear($("ut-list"));
     }
     state.view = "instance";
     state.instanceId = id;
@@ -346,7 +364,7 @@
       ? "Waiting for a decision: " + (open[0].key ? open[0].key + " at " + (open[0].gateway_id || open[0].task_id) : open[0].id) + "."
       : open.length + " decisions are waiting.";
     // keep what someone is typing: drafts survive a refresh, and so does the focus on a decision
-    for (const area of list.querySelectorAll("textarea")) state.drafts[area.dataset.id] = area.value;
+    for (const area of list.querySelectorAll("textarea")) setDraft(area.dataset.id, area.value);
     const active = document.activeElement;
     const focusedId = active && list.contains(active) && active.matches("textarea") ? active.dataset.id : null;
     clear(list);
@@ -354,7 +372,7 @@
     open.forEach((c, n) => {
       const reasonId = "reason-" + n, errId = "conf-err-" + n;
       const reason = el("textarea", { id: reasonId, rows: 2, "data-id": c.id, required: true, maxlength: 2000,
-                                      "aria-describedby": errId });
+                                      "aria-describedby": errId, oninput: () => setDraft(c.id, reason.value) });
       reason.value = state.drafts[c.id] || "";
       const error = el("p", { id: errId, class: "error", role: "alert", hidden: true });
       const options = el("div", { class: "options", role: "group", "aria-label": "Answer " + c.id });
@@ -384,7 +402,8 @@
     return el("dl", { class: "values" },
       Object.entries(conflict.values).map(([branch, v]) =>
         el("div", {}, el("dt", { text: branch }), el("dd", { class: "mono", text: preview(v, 120) }))),
-      el("div", { class: "base" }, el("dt", { text: "at the split" }), el("dd", { class: "mono", text: preview(conflict.base_value, 120) })));
+      el("div", { class: "base" }, el("dt", { text: "at the split" }), conflict.base_absent
+        ? el("dd", { class: "hint", text: "not set" }) : el("dd", { class: "mono", text: preview(conflict.base_value, 120) })));
   }
 
   async function answer(c, option, reason, error, group) {
@@ -401,9 +420,10 @@
       const result = await api("/api/confirmations/" + c.id.split("/").map(enc).join("/"), { method: "POST",
         body: { value: option.value, reason: text, user: sessionStorage.getItem(USER_KEY) || "console",
                 instance_id: state.instanceId, expected_version: state.doc ? state.doc.version : null } });
-      delete state.drafts[c.id];
-      setState($("inst-state"), "Answered " + c.id + " with " + preview(option.value, 60) + "; the instance is now " + result.status + ".", "ok");
+      setDraft(c.id, undefined);
+      // said after the reload, which would otherwise replace it with "Updated ..." at once
       await loadInstance(true);
+      setState($("inst-state"), "Answered " + c.id + " with " + preview(option.value, 60) + "; the instance is now " + result.status + ".", "ok");
       $("inst-state").focus();
     } catch (err) {
       if (err.status === 401) return;
@@ -415,7 +435,7 @@
       }
       // the reload redraws (or, once it is decided, removes) this card: the message goes above it,
       // where it stays until the instance changes again
-      state.drafts[c.id] = text;
+      setDraft(c.id, text);
       await loadInstance(true);
       setState($("inst-state"), err.kind === "already_answered"
         // decided meanwhile (by someone else, or by its timeout): final, nothing to answer again
@@ -431,13 +451,13 @@
   function renderUserTasks(doc) {
     const tasks = (doc.waiting_for || []).filter((w) => w.kind === "user_task");
     const list = $("ut-list");
-    for (const area of list.querySelectorAll("textarea")) state.drafts["task:" + area.dataset.id] = area.value;
+    for (const area of list.querySelectorAll("textarea")) setDraft("task:" + area.dataset.id, area.value);
     clear(list);
     $("user-tasks").hidden = !tasks.length;
     tasks.forEach((t, n) => {
       const dataId = "ut-data-" + n, errId = "ut-err-" + n;
       const area = el("textarea", { id: dataId, rows: 3, "data-id": t.id, class: "mono", spellcheck: "false",
-                                    "aria-describedby": errId });
+                                    "aria-describedby": errId, oninput: () => setDraft("task:" + t.id, area.value) });
       const fields = (t.form && t.form.fields) || [];
       // the form starts from what the context holds under a field's id (the preScript's value, an
       // earlier step's, SYSTEM's), else from the field's default, as the modeler's form would show it
@@ -447,6 +467,9 @@
         else if (f.default !== null && f.default !== undefined) start[f.id] = f.default;
       }
       area.value = state.drafts["task:" + t.id] || JSON.stringify(start);
+      const controls = fields.map((f, i) => fieldControl(f, dataId + "-" + i, area, t));
+      area.addEventListener("input", () => showData(area, controls));
+      showData(area, controls);
       const error = el("p", { id: errId, class: "error", role: "alert", hidden: !state.taskErrors[t.id],
                               text: state.taskErrors[t.id] || null });
       delete state.taskErrors[t.id];
@@ -456,20 +479,78 @@
         el("h3", { id: "ut-h-" + n }, t.name || t.task_id, " ", el("code", { text: t.task_id })),
         t.documentation ? el("p", { class: "message", text: t.documentation }) : null,
         fields.length ? el("ul", { class: "form-fields", "aria-label": "Form fields (" + (t.form.source || "form") + ")" },
-          ...fields.map((f) => el("li", { "data-field": f.id },
-            el("code", { text: f.id }), " ", f.label && f.label !== f.id ? f.label + " " : "",
+          ...fields.map((f, i) => el("li", { "data-field": f.id },
+            el("label", { for: controls[i].id }, el("code", { text: f.id }), " ", f.label && f.label !== f.id ? f.label + " " : ""),
             "(" + [f.type, f.required ? "required" : "optional",
-                   f.options ? "one of " + f.options.map((o) => JSON.stringify(o.id)).join(", ") : null,
+                   f.options ? "one of " + f.options.map(choice).join(", ") : null,
                    f.format ? "format " + f.format : null,
                    f.min !== undefined ? "min " + f.min : null, f.max !== undefined ? "max " + f.max : null,
                    f.default !== null && f.default !== undefined ? "default " + JSON.stringify(f.default) : null,
                    f.readonly ? "read-only: keep the value shown" : null]
               .filter(Boolean).join(", ") + ")",
-            f.warning ? el("span", { class: "warning", text: " " + f.warning }) : null))) : null,
+            f.warning ? el("span", { class: "warning", text: " " + f.warning }) : null, " ", controls[i]))) : null,
         t.form && t.form.form_key ? el("p", { class: "message", text: "Form " + t.form.form_key + " (" + t.form.source + ")" }) : null,
-        el("label", { for: dataId }, "Data (a JSON object; its keys go to the task's WORKING layer)"),
+        el("label", { for: dataId }, fields.length
+          ? "All the data as JSON (the fields above fill it in; any other key goes to the task's WORKING layer too)"
+          : "Data (a JSON object; its keys go to the task's WORKING layer)"),
         area, error, el("div", { class: "options" }, submit)));
     });
+  }
+
+  // A form field's control: a choice by name (an enum's options, yes/no), a number, a text. It
+  // edits its key in the task's JSON data, which stays what is sent (and holds any other key).
+  function fieldControl(f, id, area, t) {
+    const type = String(f.type || "").toLowerCase();
+    const numeric = ["long", "integer", "int", "double", "number", "float"].includes(type);
+    let control;
+    if ((f.options && f.options.length) || type === "boolean") {
+      const options = f.options && f.options.length ? f.options : [{ id: true, name: "Yes" }, { id: false, name: "No" }];
+      control = el("select", { id: id },
+        el("option", { value: "", text: f.required ? "choose…" : "(none)" }),
+        options.map((o) => el("option", { value: json(o.id),
+                                          text: o.name === undefined || o.name === null || o.name === "" ? String(o.id) : String(o.name) })));
+    } else {
+      control = el("input", { id: id, type: numeric ? "number" : "text", step: numeric ? (type === "long" || type.startsWith("int") ? "1" : "any") : null,
+                              min: numeric && f.min !== undefined ? f.min : null, max: numeric && f.max !== undefined ? f.max : null,
+                              placeholder: f.format || null, required: f.required || null });
+    }
+    control.dataset.field = f.id;
+    control.disabled = !!f.readonly;
+    control.addEventListener(control.tagName === "SELECT" ? "change" : "input", () => {
+      let data;
+      try { data = JSON.parse(area.value || "{}"); } catch (e) { data = null; }
+      if (data === null || typeof data !== "object" || Array.isArray(data)) return;  // Complete says what is wrong
+      const raw = control.value;
+      if (raw === "") delete data[f.id];
+      else if (control.tagName === "SELECT") data[f.id] = JSON.parse(raw);
+      else data[f.id] = numeric && !isNaN(Number(raw)) ? Number(raw) : raw;
+      area.value = JSON.stringify(data);
+      setDraft("task:" + t.id, area.value);
+    });
+    return control;
+  }
+
+  // the controls show what the JSON data holds (as it starts, a draft, what was typed there)
+  function showData(area, controls) {
+    let data;
+    try { data = JSON.parse(area.value || "{}"); } catch (e) { return; }
+    if (data === null || typeof data !== "object" || Array.isArray(data)) return;
+    for (const control of controls) {
+      if (document.activeElement === control) continue;
+      const v = data[control.dataset.field];
+      if (control.tagName === "SELECT") {
+        const want = v === undefined ? "" : json(v);
+        control.value = Array.from(control.options).some((o) => o.value === want) ? want : "";
+      } else {
+        control.value = v === undefined || v === null ? "" : typeof v === "string" ? v : json(v);
+      }
+    }
+  }
+
+  // an option as the answer takes it (its id, in JSON) and, when the modeler named it, by that name
+  function choice(o) {
+    const name = o.name === undefined || o.name === null ? "" : String(o.name);
+    return JSON.stringify(o.id) + (name && name !== String(o.id) ? " (" + name + ")" : "");
   }
 
   async function completeTask(t, area, error, button) {
@@ -487,9 +568,9 @@
       const result = await api("/api/instances/" + enc(state.instanceId) + "/user-tasks/" + enc(t.id), { method: "POST",
         body: { data: data, user: sessionStorage.getItem(USER_KEY) || "console",
                 expected_version: state.doc ? state.doc.version : null } });
-      delete state.drafts["task:" + t.id];
+      setDraft("task:" + t.id, undefined);
+      await loadInstance(true);  // first, as in answer(): its "Updated ..." would replace what is said
       setState($("inst-state"), "Completed " + (t.name || t.task_id) + "; the instance is now " + result.status + ".", "ok");
-      await loadInstance(true);
       $("inst-state").focus();
     } catch (err) {
       if (err.status === 401) return;
@@ -501,11 +582,18 @@
       // draft and the reason; the button stays disabled until then, or a second submit would
       // carry the version the server has already moved past (and be refused as stale)
       try {
-        if (err.status === 409) { state.drafts["task:" + t.id] = area.value; await loadInstance(true); }
-        else if (err.status === 400 || err.status === 403) {
-          state.drafts["task:" + t.id] = area.value;
-          state.taskErrors[t.id] = error.textContent;
+        if (err.status === 409 || err.status === 400 || err.status === 403) {
+          setDraft("task:" + t.id, area.value);
+          state.taskErrors[t.id] = error.textContent;  // the reload redraws the card: say it there again
           await loadInstance(true);
+          if (err.status === 409 && !(state.doc && (state.doc.waiting_for || []).some((w) => w.id === t.id))) {
+            // done meanwhile (another approver, another tab): its card is gone, so say it above
+            delete state.taskErrors[t.id];
+            setDraft("task:" + t.id, undefined);
+            setState($("inst-state"), "Your data for " + (t.name || t.task_id) + " was not recorded: the task no longer " +
+                     "waits (done meanwhile; the instance is now " + (state.doc ? state.doc.status : "?") + "). " + err.message, "error");
+            $("inst-state").focus();
+          }
         }
       } finally {
         button.disabled = false;

@@ -299,7 +299,7 @@ def test_a_user_task_form_is_shown_and_checked(tmp_module: Path, context: Any) -
         assert [fields.nth(i).get_attribute("data-field") for i in range(4)] == \
             ["approved", "amount", "cost_center", "comment"]
         assert "Amount" in fields.nth(1).inner_text() and "required" in fields.nth(1).inner_text()
-        assert '"ops", "sales"' in fields.nth(2).inner_text()
+        assert '"ops" (Operations), "sales" (Sales)' in fields.nth(2).inner_text()
         area = card.locator("textarea")
         assert json.loads(area.input_value()) == {"approved": False, "cost_center": "ops"}
 
