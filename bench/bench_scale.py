@@ -10,6 +10,7 @@
   and the saved record grows with it (1.5 MB after 2,000 passes).
 
     python bench/bench_scale.py                     # voters 100 200 400, loop 250 500
+    python bench/bench_scale.py --quick             # voters 50 100, loop 100 (CI)
     python bench/bench_scale.py --voters 1000 --loop 2000
 """
 
@@ -69,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--voters", type=int, nargs="*", default=[100, 200, 400])
     ap.add_argument("--loop", type=int, nargs="*", default=[250, 500])
+    ap.add_argument("--quick", action="store_true", help="voters 50 100, loop 100 (CI)")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.voters, args.loop = [50, 100], [100]
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.voters:
             print(f"voters {n:>5}: one resume answers all in {voters(n, Path(tmp)):7.2f} s")
