@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,31 +26,12 @@ sys.path.insert(0, str(ROOT))
 
 from engine import Engine, load_process  # noqa: E402
 
-VOTES = """<?xml version="1.0" encoding="UTF-8"?>
-<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="x">
-  <bpmn:process id="votes" isExecutable="true">
-    <bpmn:startEvent id="start"/>
-    <bpmn:userTask id="vote">
-      <bpmn:multiInstanceLoopCharacteristics isSequential="false">
-        <bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef>
-        <bpmn:loopDataOutputRef>votes</bpmn:loopDataOutputRef>
-        <bpmn:inputDataItem id="voter" name="voter"/>
-        <bpmn:outputDataItem id="ballot" name="ballot"/>
-      </bpmn:multiInstanceLoopCharacteristics>
-    </bpmn:userTask>
-    <bpmn:endEvent id="end"/>
-    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="vote"/>
-    <bpmn:sequenceFlow id="f2" sourceRef="vote" targetRef="end"/>
-  </bpmn:process>
-</bpmn:definitions>
-"""
+VOTES = ROOT / "tests" / "engine" / "fixtures" / "scale54_votes.bpmn"  # a vote of N voters, then a count
 
 
-def voters(n: int, folder: Path) -> float:
-    path = folder / "votes.bpmn"
-    path.write_text(VOTES)
+def voters(n: int) -> float:
     engine = Engine("memory://")
-    instance = engine.run(load_process(path), {"voters": [f"v{i}" for i in range(n)]})
+    instance = engine.run(load_process(VOTES), {"voters": [f"v{i}" for i in range(n)]})
     start = time.perf_counter()
     done = engine.resume(instance.id, answers={"user_tasks": {"vote": {"ballot": "yes"}}})
     assert done.status == "completed", done.status
@@ -74,9 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.voters, args.loop = [50, 100], [100]
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in args.voters:
-            print(f"voters {n:>5}: one resume answers all in {voters(n, Path(tmp)):7.2f} s")
+    for n in args.voters:
+        print(f"voters {n:>5}: one resume answers all in {voters(n):7.2f} s")
     for n in args.loop:
         for save in ("activity", "stop"):
             print(f"loop   {n:>5}: save={save:<8} {loop(n, save):7.2f} s")

@@ -18,26 +18,8 @@ from SpiffWorkflow.task import Task
 from engine import Engine, load_process
 from engine.runtime import _runtime_of
 
-BPMN = """<?xml version="1.0" encoding="UTF-8"?>
-<bpmn:definitions xmlns:bpmn="http://www.omg.org/spec/BPMN/20100524/MODEL" id="d" targetNamespace="x">
-  <bpmn:process id="votes" isExecutable="true">
-    <bpmn:startEvent id="start"/>
-    <bpmn:userTask id="vote">
-      <bpmn:multiInstanceLoopCharacteristics isSequential="false">
-        <bpmn:loopDataInputRef>voters</bpmn:loopDataInputRef>
-        <bpmn:loopDataOutputRef>votes</bpmn:loopDataOutputRef>
-        <bpmn:inputDataItem id="voter" name="voter"/>
-        <bpmn:outputDataItem id="ballot" name="ballot"/>
-      </bpmn:multiInstanceLoopCharacteristics>
-    </bpmn:userTask>
-    <bpmn:scriptTask id="count"><bpmn:script>total = len(votes)</bpmn:script></bpmn:scriptTask>
-    <bpmn:endEvent id="end"/>
-    <bpmn:sequenceFlow id="f1" sourceRef="start" targetRef="vote"/>
-    <bpmn:sequenceFlow id="f2" sourceRef="vote" targetRef="count"/>
-    <bpmn:sequenceFlow id="f3" sourceRef="count" targetRef="end"/>
-  </bpmn:process>
-</bpmn:definitions>
-"""
+# a vote of N voters, then a count (bench/bench_scale.py runs it at larger N)
+BPMN = Path(__file__).parent / "fixtures" / "scale54_votes.bpmn"
 
 
 @pytest.fixture()
@@ -55,18 +37,15 @@ def looked_up(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     yield seen
 
 
-def _waiting(tmp_path: Path, voters: int) -> Any:
-    tmp_path.mkdir(exist_ok=True)
-    path = tmp_path / "votes.bpmn"
-    path.write_text(BPMN)
+def _waiting(voters: int) -> Any:
     engine = Engine("memory://")
-    instance = engine.run(load_process(path), {"voters": [f"v{i}" for i in range(voters)]})
+    instance = engine.run(load_process(BPMN), {"voters": [f"v{i}" for i in range(voters)]})
     assert instance.status == "waiting" and len(instance.waiting_for) == voters
     return engine, instance
 
 
-def _settle_cost(tmp_path: Path, voters: int, looked_up: list[int]) -> int:
-    _, instance = _waiting(tmp_path / str(voters), voters)
+def _settle_cost(voters: int, looked_up: list[int]) -> int:
+    _, instance = _waiting(voters)
     before = instance.waiting_for
     looked_up[0] = 0
     _runtime_of(instance).settle()
@@ -75,13 +54,13 @@ def _settle_cost(tmp_path: Path, voters: int, looked_up: list[int]) -> int:
 
 
 def test_working_out_what_many_instances_wait_for_grows_with_them_not_their_square(
-        tmp_path: Path, looked_up: list[int]) -> None:
-    small, large = _settle_cost(tmp_path, 10, looked_up), _settle_cost(tmp_path, 40, looked_up)
+        looked_up: list[int]) -> None:
+    small, large = _settle_cost(10, looked_up), _settle_cost(40, looked_up)
     assert large < 8 * small, (small, large)  # 4 times the voters: 16 times the work was the square
 
 
-def test_each_waiting_instance_keeps_its_number_and_input(tmp_path: Path) -> None:
-    engine, instance = _waiting(tmp_path, 12)
+def test_each_waiting_instance_keeps_its_number_and_input() -> None:
+    engine, instance = _waiting(12)
     items = instance.waiting_for
     assert [w["instance"] for w in items] == list(range(1, 13))
     assert [w["input"] for w in items] == [{"voter": f"v{i}"} for i in range(12)]
