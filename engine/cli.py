@@ -29,6 +29,7 @@ from typing import Any, NoReturn, get_args
 import click
 
 from context_layers import DELETED, Layer, LayeredContext, json_equal, thaw
+from context_layers.canonical import MAX_DEPTH
 from context_layers.tape import EventKind
 from context_layers.errors import ActivityError, ContextKeyError, ContextWriteDenied, LayerflowError, VersionConflict
 from context_layers.stores import ConfirmationAnswered, InstanceNotFound, StoreError
@@ -433,6 +434,9 @@ def _read_mapping(path: str | None, what: str, as_json: bool) -> dict[str, Any]:
             data = yaml.safe_load(text)
         else:
             data = json.loads(text)
+    except RecursionError:  # valid, but deeper than Python's parser goes (thousands of levels)
+        _fail(f"{source} is nested too deep to read; layerflow keeps values nested at most {MAX_DEPTH} objects or "
+              "lists deep: flatten it, or store the deep part as a JSON string", as_json=as_json)
     except Exception as err:  # noqa: BLE001 - any parse error is bad input
         _fail(f"{source} is not valid {'YAML' if yaml_file else 'JSON'}: {err}", as_json=as_json)
     if data is None:

@@ -50,6 +50,7 @@ it as the prefix of its summary requests. ``LiteLLMSummarizer``, ``LiteLLMPlanne
 from __future__ import annotations
 
 import hashlib
+import heapq
 import itertools
 import json
 import os
@@ -502,8 +503,10 @@ class _Caller:
     or raises ``AnswerError`` for a corrective retry."""
 
     def __init__(self, endpoint: Endpoint, *, completion: Completion | None, max_retries: int,
-                 retry: RetryPolicy | None, sleep: Callable[[float], None]) -> None:
+                 retry: RetryPolicy | None, sleep: Callable[[float], None],
+                 context: LayeredContext | None = None) -> None:
         self.endpoint = endpoint
+        self.context = context  # the activity's: a request over model_limits names its largest keys
         self.completion = completion
         self.attempts = max_retries + 1
         self.retry = retry or RetryPolicy.from_env()
@@ -584,9 +587,10 @@ class _Caller:
         if tokens <= budget:
             return
         what = f"the request of activity {task_id!r}" if task_id else "the model request"
+        largest = _largest_keys(self.context) if self.context is not None else ""
         raise ModelCallFailed(
-            f"{what} was not sent: it is {tokens} tokens, over the {budget} the model takes ({limits.describe(asked)}); "
-            "compress the context before this step (its compressTokenThreshold and compressRules, or "
+            f"{what} was not sent: it is {tokens} tokens, over the {budget} the model takes ({limits.describe(asked)})"
+            f"{f'; its largest keys: {largest}' if largest else ''}; compress the context before this step (its compressTokenThreshold and compressRules, or "
             "context_compress), leave out what it need not see, or raise model_limits.max_context_tokens",
             task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=None)
 
@@ -601,6 +605,14 @@ class _Caller:
             f"{what} failed after {attempts} attempt(s) (model {self.endpoint.model!r} at {self.endpoint.where}): "
             f"{_describe(err, self.endpoint)}; {hint}",
             task_id=task_id, model=self.endpoint.model, api_base=self.endpoint.api_base, attempts=attempts, cause=err)
+
+
+def _largest_keys(ctx: LayeredContext, count: int = 3) -> str:
+    """The ``count`` keys of ``ctx`` that take the most tokens, with their layer: in a context of
+    thousands of keys, what to compress or leave out."""
+    sizes = [(ctx.key_tokens(layer, key), layer, key) for layer in Layer for key in ctx.layer(layer)]
+    top = heapq.nlargest(count, sizes, key=lambda s: s[0])
+    return ", ".join(f"{layer} {key if len(key) <= 80 else key[:80] + '…'!r} {n} tokens" for n, layer, key in top)
 
 
 def _correction(err: AnswerError, text_answer: str | None = None) -> str:
@@ -880,7 +892,8 @@ def run_llm_activity(ctx: Any, task_id: Any = None, llm_config: LLMConfig | Acti
     messages = activity_request(view if view is not None else ctx, task_id, cfg, options=options, memory=memory,
                                 tools=False, redact=configured if redact is None else redact)
     who = actor or task_id
-    caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
+    caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep,
+                     context=ctx if isinstance(ctx, LayeredContext) else None)
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who)
     answer = caller.run(messages, lambda text: parse_answer(text, schema=cfg.output_schema, keys=cfg.output_keys),
                         task_id=task_id, on_attempt=record)
@@ -953,7 +966,8 @@ def run_llm_tool_activity(ctx: LayeredContext, task_id: str, llm_config: LLMConf
     endpoint = Endpoint.of(model, cfg, limits=_limits_of(ctx, task_id))
     who = actor or task_id
     names = [str(t.get("function", {}).get("name")) for t in schemas]
-    caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep)
+    caller = _Caller(endpoint, completion=completion, max_retries=cfg.max_retries, retry=retry, sleep=sleep,
+                     context=ctx)
     record = call_recorder(ctx, task_id=task_id, endpoint=endpoint, attempts=caller.attempts, actor=who, tools=names,
                            schemas=schemas)
     if state is None:

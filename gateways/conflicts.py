@@ -48,11 +48,13 @@ __all__ = [
     "DELETED",
     "BranchIds",
     "BranchValues",
+    "BRIEF_CHARS",
     "ConflictDetector",
     "conflict_error",
     "KeyOutcome",
     "MergeOutcome",
     "MergedConflict",
+    "brief_json",
     "Resolution",
     "jsonable",
     "same_value",
@@ -202,9 +204,20 @@ class MergedConflict:
 
 
 def _as_json(value: Any) -> str:
+    return brief_json(value)
+
+
+# A value quoted in a message (a person's question, an error naming every branch's value) is cut
+# here: fifty branches of a long text made a question of a megabyte. Records keep values whole.
+BRIEF_CHARS = 200
+
+
+def brief_json(value: Any, width: int = BRIEF_CHARS) -> str:
+    """``value`` as JSON (keys sorted), cut after ``width`` characters with how long it is in all."""
     if value is DELETED:
         return "(deleted)"
-    return json.dumps(thaw(value), ensure_ascii=False, sort_keys=True, default=str)
+    text = json.dumps(thaw(value), ensure_ascii=False, sort_keys=True, default=str)
+    return text if len(text) <= width else f"{text[:width]}… ({len(text)} characters in all)"
 
 
 def conflict_error(conflicts: Sequence[MergedConflict], *, gateway_id: str | None, why: str,

@@ -54,7 +54,7 @@ from context_layers.errors import ConfigError
 from context_layers.hooks import RedactSetting, redact_for_model, redact_text, secret_key
 
 from .arbiter import ArbiterAnswerError, ArbitrationAnswer, ArbitrationRequest, ConflictArbiter, from_json_value
-from .conflicts import DELETED, MergedConflict, Resolution, conflict_error, jsonable, same_value
+from .conflicts import DELETED, MergedConflict, Resolution, brief_json, conflict_error, jsonable, same_value
 from .expressions import ExpressionError, check_expression, evaluate, evaluate_condition, expression_names
 from .strategies import ReducerError, json_type, reduce_values, resolve_by_strategy
 
@@ -169,9 +169,7 @@ def _sentence(text: str) -> str:
 
 
 def _show(value: Any) -> str:
-    if value is DELETED:
-        return "(deleted)"
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return brief_json(value)  # a question or a reason quotes a value; its record keeps it whole
 
 
 def _rule_variables(conflict: MergedConflict, variables: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -120,3 +120,11 @@ def test_bench_store_quick_compares_the_timer_index_with_the_full_scan(bench_tmp
             (p, int(w.replace(",", "")), int(q.replace(",", ""))) for n, p, w, q, _ in tape if n == b][1:]
         assert whole_300 > 6 * whole_100 and parts_300 < 4 * parts_100, tape
         assert parts_300 < whole_300 / 3, tape
+
+
+@pytest.mark.slow
+def test_bench_scale_quick(bench_tmp):
+    out = _bench(bench_tmp, "bench/bench_scale.py", "--quick")
+    voters = re.findall(r"^voters\s+(\d+): one resume answers all in\s+[0-9.]+ s$", out, re.M)
+    loops = re.findall(r"^loop\s+(\d+): save=(\w+)\s+[0-9.]+ s$", out, re.M)
+    assert voters == ["50", "100"] and loops == [("100", "activity"), ("100", "stop")], out
