@@ -810,9 +810,23 @@ class Engine:
         from .correlate import find
 
         target = find(self, name, payload, match=match, process=process)
-        if isinstance(target, Process):
-            target = self.run(self.start(target))  # waits at its message start event
-        return self.send_event(target, name, payload, actor=actor, run=run)
+        if not isinstance(target, Process):
+            return self.send_event(target, name, payload, actor=actor, run=run)
+        # a start for the message is created once the message is in: a refused payload leaves nothing
+        # behind (a client's corrected retry starts no second instance), as a start's refused form does
+        instance = self._create(target, *_prepared_start(target, None, clock=self.clock), create=False)
+        instance.held = _Held()
+        try:
+            instance = self.send_event(self.run(instance), name, payload, actor=actor, run=run)
+        except LayerflowError as err:
+            err.instance_id = None  # type: ignore[attr-defined]
+            err.args = (f"{err}; instance {instance.id} of process {instance.process_id!r}, started for message "
+                        f"{name!r}, was not created (nothing was saved): send the message again corrected",)
+            raise
+        finally:
+            instance.held = None
+        self._save(instance)
+        return instance
 
     def _run_on(self, instance: Instance) -> Instance:
         """Run on after an answer or an event, saying (``notices``) what of its files changed since the

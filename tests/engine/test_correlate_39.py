@@ -109,6 +109,23 @@ def test_none_waiting_starts_a_process_that_starts_on_the_message(engine: Engine
     assert "no process given (message_wait) starts on it" in str(err.value)
 
 
+def test_a_start_whose_message_is_refused_leaves_no_instance_behind(engine: Engine, tmp_path: Path) -> None:
+    """The intake started for the message, then refused its payload (a list, with no messageVariable to
+    hold it): the started instance stayed, waiting at its start event, and the error did not name it, so a
+    client's corrected retry started a second one. Nothing is created now, and the error says so."""
+    from context_layers.errors import LayerflowError
+
+    intake = _intake(tmp_path)
+    with pytest.raises(LayerflowError) as err:
+        engine.correlate("documents_received", [1, 2], process=intake)
+    assert "was not created" in str(err.value), str(err.value)
+    assert engine.store.list() == []
+    started = engine.correlate("documents_received", {"claim_id": "CL-7"}, process=intake)
+    assert started.status == "completed" and [r["id"] for r in engine.store.list()] == [started.id]
+    saved = engine.load(started.id)
+    assert saved.status == "completed" and saved.main.get("filed") == "filed for CL-7"
+
+
 def test_a_message_nobody_waits_for_is_refused_as_such(engine: Engine) -> None:
     _claims(engine, "CL-1")
     with pytest.raises(ContextKeyError, match="'no_such_message'.*no waiting instance waits for it"):
