@@ -313,7 +313,7 @@ def _summary(out: _Out, instance: Instance, store: str | None = None) -> None:
     for w in doc["waiting_for"]:
         which = _which_instance(w)
         if w["kind"] == "confirmation":
-            # the open one (a join on a loop asks a later round under GATEWAY/KEY@N; one saved before asked under the same id)
+            # the open one: a loop back through a join asks again under the same id, with new options
             same = [c for c in instance.confirmations if c["id"] == w["id"]]
             entry = next((c for c in same if not c.get("answered")), same[-1] if same else {})
             values = _option_words(entry.get("options", []))

@@ -850,7 +850,7 @@ class GatewaySteps:
     def describe(self, item: Mapping[str, Any]) -> dict[str, Any]:
         """What a person is asked: the confirmation (message, options, default) or the user task."""
         if item["kind"] == "confirmation":
-            # the open one (a join on a loop asks a later round under GATEWAY/KEY@N; one saved before asked under the same id)
+            # the open one: a loop back through a join asks again under the same id, with new options
             entry = next((c for c in self.instance.confirmations if c["id"] == item["id"] and not c.get("answered")),
                          next((c for c in self.instance.confirmations if c["id"] == item["id"]), {}))
             return {**entry, **item}

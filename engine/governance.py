@@ -1726,9 +1726,8 @@ class GovernanceService:
             return {**doc, "started": False}
         instance_id = uuid.uuid4().hex[:12]
         with self._lock(instance_id):
-            instance = self.engine.start(target, instance_id=instance_id)
-            instance.main.record("started", actor=actor, data={"process_id": target.id, "via": "correlate"})
-            instance = self.engine.send_event(self.engine.run(instance), args.name, args.payload, actor=actor)
+            instance = self.engine.start_for_message(target, args.name, args.payload, actor=actor,
+                                                     instance_id=instance_id)
         return {**_ran(instance), "started": True}
 
     def complete_user_task(self, instance_id: str, task_id: str, args: UserTaskArgs, *,

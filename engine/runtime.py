@@ -812,9 +812,16 @@ class Engine:
         target = find(self, name, payload, match=match, process=process)
         if not isinstance(target, Process):
             return self.send_event(target, name, payload, actor=actor, run=run)
-        # a start for the message is created once the message is in: a refused payload leaves nothing
-        # behind (a client's corrected retry starts no second instance), as a start's refused form does
-        instance = self._create(target, *_prepared_start(target, None, clock=self.clock), create=False)
+        return self.start_for_message(target, name, payload, actor=actor, run=run)
+
+    def start_for_message(self, process: Process, name: str, payload: Any = None, *, actor: str = "operator",
+                          run: bool = True, instance_id: str | None = None) -> Instance:
+        """An instance of ``process`` started for message ``name`` (its message start event's), given the
+        message. It is created once the message is in: a payload it refuses leaves nothing behind (a
+        client's corrected retry starts no second instance), as a start's refused form does."""
+        instance = self._create(process, *_prepared_start(process, None, clock=self.clock), create=False,
+                                instance_id=instance_id)
+        instance.main.record("started", actor=actor, data={"process_id": process.id, "via": "correlate"})
         instance.held = _Held()
         try:
             instance = self.send_event(self.run(instance), name, payload, actor=actor, run=run)
@@ -1989,7 +1996,7 @@ def definition_file_notices(instance: Instance) -> list[str]:
 def settled_answer(instance: Instance, key: str) -> dict[str, Any] | None:
     """The confirmation ``key`` (its id, or ``GATEWAY_ID/KEY``) names when it was answered (by a
     person, a model, an unattended run or its timeout) and no round of it is open now (a loop back
-    through the join asks again, under ``GATEWAY_ID/KEY@N``: an answer by ``GATEWAY_ID/KEY`` is for that round then)."""
+    through the join asks again under the same id: an answer is for that round then)."""
     if key == "*":
         return None
     named = [c for c in instance.confirmations if not c.get("cancelled")

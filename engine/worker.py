@@ -314,6 +314,10 @@ def store_identity(store: object) -> str:
     return ""
 
 
+#: ``store_identity`` of a Redis store, read back: its database and prefix
+_REDIS_IDENTITY = re.compile(r"redis db (\d+) prefix '([^']*)'")
+
+
 def enqueue(client: Any, instance_id: str, *, stream: str = DEFAULT_STREAM, wake: str | None = None,
             store: str = "") -> str:
     """XADD the instance id; returns the entry id. ``wake="timer"``: the instance waits for a
@@ -968,7 +972,7 @@ class _WorkElsewhere:
             unread = f"{lag} not yet read by group {self.group!r}" if isinstance(lag, int) else (
                 f"no group {self.group!r} reads it" if group is None else "")
             theirs = _text({_text(k): v for k, v in fields.items()}.get("store") or "")
-            named = re.fullmatch(r"redis db (\d+) prefix '([^']*)'", theirs)
+            named = _REDIS_IDENTITY.fullmatch(theirs)
             if named:
                 todo = f"start this worker with --store {self._url(int(named[1]), named[2])}"
             else:
@@ -978,7 +982,6 @@ class _WorkElsewhere:
                               + (f" ({unread})" if unread else "") + (f" for the store {theirs}" if theirs else "")
                               + f": `layerflow submit` put its work there; to run it, {todo}"))
         return found
-
 
     def _url(self, db: int, prefix: str = "layerflow") -> str:
         """The URL of database ``db`` of the queue's server (its password masked), with the store's prefix."""

@@ -203,6 +203,11 @@ def test_rest_messages(tmp_path: Path) -> None:
             "name": "documents_received", "payload": {"claim_id": "CL-3"}, "process_id": "intake"})
         assert new.status_code == 200 and new.json()["started"] is True
         assert new.json()["process_id"] == "intake"
+        count = len(local_http.get(f"{url}/api/instances", headers=auth).json())
+        refused = local_http.post(f"{url}/api/messages", headers=auth, json={
+            "name": "documents_received", "payload": [1, 2], "process_id": "intake"})  # no variable holds a list
+        assert refused.status_code == 400 and "was not created" in refused.json()["error"]["message"], refused.text
+        assert len(local_http.get(f"{url}/api/instances", headers=auth).json()) == count  # nothing left behind
         none = local_http.post(f"{url}/api/messages", headers=auth, json={
             "name": "documents_received", "process_id": "message_wait"})
         assert none.status_code == 404 and none.json()["error"]["kind"] == "not_found"
